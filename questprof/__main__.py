@@ -1,0 +1,3 @@
+from questprof.cli import app
+
+app(prog_name="questprof")
