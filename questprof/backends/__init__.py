@@ -1,0 +1,38 @@
+"""Backends run the Quest stages behind one protocol: `numpy` (the reference, anywhere), `cupy` (kernels/)."""
+
+from __future__ import annotations
+
+from questprof.backends.base import Backend, BackendUnavailable
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why the CuPy backend cannot run here, or None when it can."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a CUDA library that fails to load
+        return f"CuPy is not importable ({type(exc).__name__}: {exc})"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device is visible"
+    except Exception as exc:
+        return f"no usable CUDA device ({exc})"
+    return None
+
+
+def get_backend(name: str = "auto") -> Backend:
+    """Backend by name: 'cupy', 'numpy', or 'auto' (CuPy when a GPU is usable, else NumPy)."""
+    if name not in ("auto", "cupy", "numpy"):
+        raise BackendUnavailable(f"unknown backend {name!r}: expected auto, cupy or numpy")
+    reason = gpu_unavailable_reason() if name != "numpy" else "NumPy asked for"
+    if name == "cupy" and reason:
+        raise BackendUnavailable(f"the cupy backend cannot run: {reason}")
+    if reason:
+        from questprof.backends.numpy import NumpyBackend
+        backend = NumpyBackend()
+        backend.fallback_reason = reason if name == "auto" else None
+        return backend
+    from questprof.backends.cupy import CupyBackend
+    return CupyBackend()
+
+
+__all__ = ["Backend", "BackendUnavailable", "get_backend", "gpu_unavailable_reason"]

@@ -1,0 +1,49 @@
+"""The NumPy backend: every stage through the float64 reference, results rounded to storage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from questprof import reference
+from questprof.layout import AppendPlan, PagedKV, from_storage, to_storage
+
+
+class NumpyBackend:
+    """Runs anywhere; its times are CPU times of the reference, not GPU kernel times."""
+
+    name = "numpy"
+    is_gpu = False
+
+    def __init__(self) -> None:
+        self.fallback_reason: str | None = None
+
+    def put(self, host_kv: PagedKV) -> PagedKV:
+        return host_kv.with_arrays(np.asarray)
+
+    def asarray(self, host_array):
+        return np.asarray(host_array)
+
+    def to_host(self, array):
+        return np.asarray(array)
+
+    def synchronize(self) -> None:
+        pass
+
+    def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
+        k = from_storage(kv.k, kv.dtype)
+        new = reference.summary(from_storage(kv.summary, kv.dtype), k, plan)
+        kv.summary[...] = to_storage(new, kv.dtype)
+
+    def estimate(self, q, kv: PagedKV, mode: str = "per-head"):
+        summ = from_storage(kv.summary, kv.dtype)
+        u = reference.estimate(from_storage(q, kv.dtype), summ, kv.kv_indptr, kv.kv_indices, mode)
+        return u.astype(np.float32)
+
+    def topk(self, scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
+        return reference.topk(scores, kv.kv_indptr, k_pages, sinks, window)
+
+    def attention(self, q, kv: PagedKV, sel=None, count=None):
+        out, lse = reference.attention(
+            from_storage(q, kv.dtype), from_storage(kv.k, kv.dtype), from_storage(kv.v, kv.dtype),
+            kv.kv_indptr, kv.kv_indices, kv.last_page_len, sel, count)
+        return to_storage(out, kv.dtype), lse.astype(np.float32)
