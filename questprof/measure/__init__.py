@@ -1,0 +1,1 @@
+"""Measurement back-ends: event timing, ceilings, CUPTI / Nsight Compute bytes, NVML."""
