@@ -1,0 +1,379 @@
+"""Range syntax, scenarios (TOML: a model shape and a sweep grid) and input validation.
+
+Every problem with user input raises ConfigError with one line that names the bad text,
+field or file; the CLI turns it into exit status 2 without a traceback.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from questprof import SCENARIOS_DIR, model
+from questprof.reference import MODES
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli has the same API
+    import tomli as tomllib
+
+PAGE_SIZES = (8, 16, 32, 64)  # the page sizes the kernels are built for
+HEAD_DIMS = (64, 128)
+DTYPES = ("fp16", "bf16", "fp32")
+MAX_VALUES = 10_000  # a range longer than this is a typo (say "1..1m+1"), not a sweep
+
+_NUMBER = re.compile(r"^(\d+)([km]?)$", re.IGNORECASE)
+_RANGE = re.compile(r"^([^.]+)\.\.([^*+]+)(?:([*+])(.+))?$")
+_UNIT = {"": 1, "k": 1024, "m": 1024**2}
+
+
+class ConfigError(ValueError):
+    """A problem with user input, told in one line."""
+
+
+def _number(text: str, item: str, what: str) -> int:
+    """'4k' -> 4096, '1M' -> 1048576, '100000' -> 100000."""
+    match = _NUMBER.match(text.strip())
+    if not match:
+        raise ConfigError(f"bad {what} {item!r}: {text.strip()!r} is not a number like 4096, 4k or 1m")
+    return int(match.group(1)) * _UNIT[match.group(2).lower()]
+
+
+def _item(item: str, what: str) -> list[int]:
+    """One comma-separated item: a number or a range 'a..b', 'a..b*f', 'a..b+n'."""
+    match = _RANGE.match(item)
+    if not match:
+        return [_number(item, item, what)]
+    start, stop = _number(match.group(1), item, what), _number(match.group(2), item, what)
+    op, step = match.group(3) or "*", _number(match.group(4) or "2", item, what)
+    if start > stop:
+        raise ConfigError(f"bad {what} {item!r}: descending range ({start} > {stop})")
+    if start < 1:
+        raise ConfigError(f"bad {what} {item!r}: values must be at least 1")
+    if (op == "*" and step < 2) or (op == "+" and step < 1):
+        raise ConfigError(f"bad {what} {item!r}: step {op}{step} never advances")
+    count = (math.log(stop / start, step) if op == "*" else (stop - start) / step) + 1
+    if count > MAX_VALUES:
+        raise ConfigError(f"bad {what} {item!r}: more than {MAX_VALUES} values")
+    values, value = [], start
+    while value <= stop:
+        values.append(value)
+        value = value * step if op == "*" else value + step
+    return values
+
+
+def parse_sizes(text: str, what: str = "lengths") -> list[int]:
+    """Sorted unique sizes from range syntax: '2k..128k' (doubling), '2k..32k*4', '1k..8k+1k',
+    '4k,16k,100000' (items may be ranges). k = 1024, m = 1024**2, case-insensitive."""
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"empty {what}: expected a list or range such as 2k..128k")
+    values: set[int] = set()
+    for item in text.split(","):
+        if not item.strip():
+            raise ConfigError(f"bad {what} {text!r}: empty item between commas")
+        values.update(_item(item.strip(), what))
+    if min(values) < 1:
+        raise ConfigError(f"bad {what} {text!r}: values must be at least 1")
+    return sorted(values)
+
+
+def validate_page_size(page_size: int) -> int:
+    """The page size if the kernels support it (a power of two among PAGE_SIZES)."""
+    if page_size not in PAGE_SIZES or isinstance(page_size, bool):
+        allowed = ", ".join(map(str, PAGE_SIZES))
+        raise ConfigError(f"page size {page_size} is not supported: "
+                          f"expected a power of two among {allowed}")
+    return page_size
+
+
+def validate_budget(budget: int, page_size: int) -> int:
+    """The token budget if it is at least one page and a whole number of pages."""
+    if budget < 1:
+        raise ConfigError(f"budget {budget} tokens is below one {page_size}-token page")
+    if budget % page_size:
+        raise ConfigError(f"budget {budget} tokens is not a whole number of {page_size}-token pages")
+    return budget
+
+
+def _check_ints(obj, names) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Attention shape of a decoder (and its weights, for the end-to-end byte model).
+
+    intermediate: MLP width, 0 = 8/3 * hidden rounded up to 256 (LLaMA's rule: 11008 at 4096);
+    vocab: LM-head rows read per decode step, 0 = not counted.
+    dense_layers: first layers kept dense under Quest (the paper keeps 2).
+    """
+
+    name: str
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    dense_layers: int = 2
+    intermediate: int = 0
+    vocab: int = 0
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("layers", "q_heads", "kv_heads", "head_dim", "dense_layers",
+                           "intermediate", "vocab"))
+        if min(self.layers, self.q_heads, self.kv_heads) < 1:
+            raise ConfigError(f"model {self.name}: layers and heads must be at least 1")
+        if self.q_heads % self.kv_heads:
+            raise ConfigError(f"model {self.name}: q_heads {self.q_heads} is not a multiple "
+                              f"of kv_heads {self.kv_heads}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ConfigError(f"model {self.name}: head_dim {self.head_dim} is not supported: "
+                              f"expected one of {', '.join(map(str, HEAD_DIMS))}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"model {self.name}: dtype {self.dtype!r} is not supported: "
+                              f"expected one of {', '.join(DTYPES)}")
+        if not 0 <= self.dense_layers <= self.layers:
+            raise ConfigError(f"model {self.name}: dense_layers {self.dense_layers} "
+                              f"is outside 0..{self.layers}")
+        if self.intermediate < 0 or self.vocab < 0:
+            raise ConfigError(f"model {self.name}: intermediate and vocab must be >= 0")
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1 = MHA)."""
+        return self.q_heads // self.kv_heads
+
+
+def _check_modes(modes) -> tuple[str, ...]:
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ConfigError(f"unknown selection mode {bad[0] if bad else '(none)'!r}: "
+                          f"expected some of {', '.join(MODES)}")
+    return tuple(dict.fromkeys(modes))
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A sweep grid: every combination of these values (tokens, requests, tokens, tokens)."""
+
+    lengths: tuple[int, ...]
+    batches: tuple[int, ...]
+    page_sizes: tuple[int, ...]
+    budgets: tuple[int, ...]
+    modes: tuple[str, ...] = ("per-head",)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named model shape and sweep grid, loaded from `path`."""
+
+    name: str
+    model: ModelShape
+    grid: Grid
+    path: Path
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One point of a grid: every request of the batch holds `length` tokens."""
+
+    model: ModelShape
+    length: int
+    batch: int
+    page_size: int
+    budget: int
+    mode: str = "per-head"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("length", "batch", "page_size", "budget", "seed"))
+        if self.length < 1 or self.batch < 1:
+            raise ConfigError(f"length {self.length} and batch {self.batch} must be at least 1")
+        validate_page_size(self.page_size)
+        validate_budget(self.budget, self.page_size)
+        _check_modes([self.mode])
+
+    @property
+    def pages(self) -> int:
+        """Pages per request, ceil(length / page_size)."""
+        return model.pages(self.length, self.page_size)
+
+    @property
+    def k_pages(self) -> int:
+        """Budget in pages, budget // page_size (not capped: the top-K selection width)."""
+        return model.k_pages(self.budget, self.page_size)
+
+    @property
+    def is_dense_budget(self) -> bool:
+        """The budget covers every token: Quest degenerates to dense attention."""
+        return self.budget >= self.length
+
+    def key(self) -> str:
+        """A string naming this point uniquely (model shape included), for resuming sweeps."""
+        return "|".join(f"{k}={v}" for k, v in self.as_dict().items())
+
+    def as_dict(self) -> dict:
+        """Flat dict: model fields (name as 'model'), then the point's fields."""
+        shape = asdict(self.model)
+        shape["model"] = shape.pop("name")
+        point = {k: getattr(self, k) for k in ("length", "batch", "page_size", "budget",
+                                                 "mode", "seed")}
+        return {"model": shape.pop("model"), **shape, **point}
+
+
+def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
+    """A TOML value (range string, integer or list of either) as sizes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    elif isinstance(value, list) and all(isinstance(v, (int, str)) and not isinstance(v, bool)
+                                         for v in value):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: field {field_name!r} must be a range string, an integer "
+                          f"or a list, got {value!r}")
+    try:
+        return tuple(parse_sizes(value, field_name))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+_MODEL_FIELDS = {"name": str, "layers": int, "q_heads": int, "kv_heads": int, "head_dim": int,
+                 "dtype": str, "dense_layers": int, "intermediate": int, "vocab": int}
+_MODEL_OPTIONAL = {"dense_layers", "intermediate", "vocab"}
+_GRID_FIELDS = {"lengths": "sizes", "batch": "sizes", "page_sizes": "sizes", "budgets": "sizes",
+                "modes": list, "seed": int}
+_GRID_OPTIONAL = {"modes", "seed"}
+
+
+def _table(data: dict, name: str, fields, optional, where: str) -> dict:
+    """data[name] checked for unknown and missing fields."""
+    table = data.get(name)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: missing table [{name}]")
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {name}.{unknown[0]} "
+                          f"(expected some of {', '.join(fields)})")
+    missing = [f for f in fields if f not in table and f not in optional]
+    if missing:
+        raise ConfigError(f"{where}: missing field {name}.{missing[0]}")
+    return table
+
+
+def _typed(table: dict, fields: dict, prefix: str, where: str) -> dict:
+    """Scalar fields of `table` checked against their Python types (bool is not an int)."""
+    out = {}
+    for key, kind in fields.items():
+        if key not in table or kind == "sizes":
+            continue
+        value = table[key]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if kind is list:
+            ok = ok and all(isinstance(v, str) for v in value)
+        if not ok:
+            expected = "a list of strings" if kind is list else f"a {kind.__name__}"
+            raise ConfigError(f"{where}: field {prefix}.{key} must be {expected}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _parse_scenario(data: dict, path: Path) -> Scenario:
+    where = str(path)
+    unknown = sorted(set(data) - {"model", "grid", "description"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]} (expected [model], [grid], description)")
+    m = _table(data, "model", _MODEL_FIELDS, _MODEL_OPTIONAL, where)
+    g = _table(data, "grid", _GRID_FIELDS, _GRID_OPTIONAL, where)
+    try:
+        shape = ModelShape(**_typed(m, _MODEL_FIELDS, "model", where))
+        scalars = _typed(g, _GRID_FIELDS, "grid", where)
+        grid = Grid(lengths=_sizes(g["lengths"], "grid.lengths", where),
+                    batches=_sizes(g["batch"], "grid.batch", where),
+                    page_sizes=_sizes(g["page_sizes"], "grid.page_sizes", where),
+                    budgets=_sizes(g["budgets"], "grid.budgets", where),
+                    modes=_check_modes(scalars.get("modes", ["per-head"])),
+                    seed=scalars.get("seed", 0))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: field description must be a string")
+    return Scenario(path.stem, shape, grid, path, description)
+
+
+def list_scenarios() -> list[str]:
+    """Names of the scenarios shipped in SCENARIOS_DIR."""
+    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml"))
+
+
+def _scenario_path(name_or_path) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or "\\" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"scenario file {text} not found")
+        return path
+    path = Path(SCENARIOS_DIR) / f"{text}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown scenario {text!r}: available are {', '.join(list_scenarios())} "
+                          f"(or give a path to a .toml file)")
+    return path
+
+
+def load_scenario(name_or_path) -> Scenario:
+    """A scenario by name (SCENARIOS_DIR/<name>.toml) or by path to a .toml file."""
+    path = _scenario_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return _parse_scenario(data, path)
+
+
+def _override(value, default, what: str) -> tuple[int, ...]:
+    """An expand() override: None = the scenario's, a range string, or a list of ints."""
+    if value is None:
+        return tuple(default)
+    try:  # operator.index takes numpy integers, refuses floats and strings
+        values = parse_sizes(value, what) if isinstance(value, str) else sorted(
+            {operator.index(v) for v in value})
+    except TypeError:
+        raise ConfigError(f"bad {what} {list(value)!r}: expected whole numbers") from None
+    if not values:
+        raise ConfigError(f"empty {what}: expected at least one value")
+    if min(values) < 1:
+        raise ConfigError(f"bad {what} {values}: values must be at least 1")
+    return tuple(values)
+
+
+def expand(scenario: Scenario, lengths=None, batches=None, page_sizes=None, budgets=None,
+           modes=None) -> list[Config]:
+    """Every point of the scenario's grid, with overrides (None = the scenario's values).
+
+    Order: batch, page size, budget, mode, then length fastest (one crossover curve at a time).
+    Modes collapse to 'per-head' for MHA, where all modes select the same pages.
+    Budgets >= length are kept: they are the dense points (Config.is_dense_budget).
+    """
+    grid = scenario.grid
+    lengths = _override(lengths, grid.lengths, "lengths")
+    batches = _override(batches, grid.batches, "batch")
+    sizes = tuple(validate_page_size(s) for s in _override(page_sizes, grid.page_sizes,
+                                                            "page sizes"))
+    budgets = _override(budgets, grid.budgets, "budgets")
+    for s, b in itertools.product(sizes, budgets):
+        validate_budget(b, s)
+    modes = _check_modes(grid.modes if modes is None else list(modes))
+    if scenario.model.group == 1:
+        modes = ("per-head",)
+    points = itertools.product(batches, sizes, budgets, modes, lengths)
+    return [Config(scenario.model, n, b, s, k, m, grid.seed) for b, s, k, m, n in points]

@@ -1,0 +1,250 @@
+"""Analytic bytes, FLOPs, rho and Amdahl: the single source of every formula in questprof.
+
+Notation, per layer: B requests of L tokens each, S tokens per page, P = ceil(L/S) pages per
+request, K = min(budget // S, P) selected pages, Hq query heads, Hkv KV heads, g = Hq / Hkv,
+M = d * dtype bytes per key or value vector, Hs = Hq (per-head) or Hkv (shared modes) score rows.
+The paper's bytes per KV head per request: T_dense = 2ML, T_index = 2MP, T_selected = 2MKS, so
+rho = (T_index + T_selected) / T_dense = 1/S + K/P. Here token counts are exact: the tail page
+holds last = L - (P-1)S valid tokens and only those are read.
+
+`cfg` is a questprof.config.Config (duck-typed: model, length, batch, page_size, budget, mode);
+`shape` is a questprof.config.ModelShape. All bytes and FLOPs are per layer, whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from questprof.layout import DTYPE_BYTES, pages_for
+
+STAGES = ("summary", "estimate", "topk", "attention", "dense")
+QUEST_STAGES = ("estimate", "topk", "attention")  # one Quest decode step, as the paper counts it
+INDEX_BYTES = 4  # int32 page ids, positions, counts, indptr
+FLOAT_BYTES = 4  # float32 scores and lse
+
+
+def pages(length: int, page_size: int) -> int:
+    """P = ceil(L / S): pages holding `length` tokens."""
+    return pages_for(length, page_size)
+
+
+def last_page_len(length: int, page_size: int) -> int:
+    """Valid tokens in the tail page, 1..S."""
+    return length - (pages(length, page_size) - 1) * page_size
+
+
+def k_pages(budget: int, page_size: int, pages: int | None = None) -> int:
+    """K = budget // S pages; capped at `pages` when given (uncapped it is the top-K width)."""
+    k = budget // page_size
+    return k if pages is None else min(k, pages)
+
+
+def is_dense(k: int, pages: int) -> bool:
+    """K >= P: Quest would select every page, so the sweep runs (and counts) dense attention."""
+    return k >= pages
+
+
+def rho(page_size: int, k: int, pages: int) -> float:
+    """The paper's byte ratio 1/S + K/P, K capped at P (then 1/S + 1: see `is_dense`)."""
+    return 1.0 / page_size + min(k, pages) / pages
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Work of one stage over a layer and the batch; bytes and FLOPs.
+
+    read: bytes the formula counts (KV vectors, summaries); unmodelled_read: q, scores,
+    selections, page tables; write: scores, selections, out, lse, summaries.
+    bound: True when `read` is an upper bound (GQA per-head union of pages not measured).
+    """
+
+    stage: str
+    read: float
+    unmodelled_read: float
+    write: float
+    flops: float
+    bound: bool = False
+
+    @property
+    def total_read(self) -> float:
+        return self.read + self.unmodelled_read
+
+    @property
+    def total_bytes(self) -> float:
+        return self.total_read + self.write
+
+
+def vector_bytes(shape) -> int:
+    """M: bytes of one key or value vector of one head."""
+    return shape.head_dim * DTYPE_BYTES[shape.dtype]
+
+
+def score_heads(cfg) -> int:
+    """Hs: rows of scores and selections (one per q head in per-head mode, per KV head shared)."""
+    return cfg.model.q_heads if cfg.mode == "per-head" else cfg.model.kv_heads
+
+
+def union_pages_bound(cfg) -> int:
+    """Upper bound on pages one KV head reads in per-head mode: min(g(K-1) + 1, P).
+
+    The tail page is in every head's selection, so g heads of K pages share at least it.
+    """
+    p = pages(cfg.length, cfg.page_size)
+    k = k_pages(cfg.budget, cfg.page_size, p)
+    return min(cfg.model.group * (k - 1) + 1, p)
+
+
+def _tokens(pages_read: float, cfg) -> float:
+    """Valid tokens in `pages_read` pages of a request, the tail page (always read) included."""
+    return (pages_read - 1) * cfg.page_size + last_page_len(cfg.length, cfg.page_size)
+
+
+def _q_bytes(cfg) -> int:
+    m = cfg.model
+    return cfg.batch * m.q_heads * vector_bytes(m)
+
+
+def _summary(cfg) -> StageWork:
+    """Decode append of one token per request: read its key (and the old min/max unless the
+    token opens a fresh page), write the page's min/max; 2d comparisons per KV head."""
+    m, b, vec = cfg.model, cfg.batch, vector_bytes(cfg.model)
+    fresh = last_page_len(cfg.length, cfg.page_size) == 1
+    read = b * m.kv_heads * (vec + (0 if fresh else 2 * vec))
+    plan = b * 3 * INDEX_BYTES  # AppendPlan: page id, first, end per request
+    return StageWork("summary", read, plan, b * m.kv_heads * 2 * vec,
+                     b * m.kv_heads * 2 * m.head_dim)
+
+
+def _estimate(cfg) -> StageWork:
+    """Read 2M per page per KV head (T_index), write float32 scores [Hs, nnz]; ~3d FLOPs per
+    page per q head (two products, a max, an add per dimension, products shared)."""
+    m, b = cfg.model, cfg.batch
+    nnz = b * pages(cfg.length, cfg.page_size)
+    tables = (nnz + b + 1) * INDEX_BYTES
+    return StageWork("estimate", nnz * m.kv_heads * 2 * vector_bytes(m), _q_bytes(cfg) + tables,
+                     score_heads(cfg) * nnz * FLOAT_BYTES, 3 * m.head_dim * m.q_heads * nnz)
+
+
+def _topk(cfg) -> StageWork:
+    """Read scores, write int32 selections [Hs, B, budget // S] and counts [B]; about one
+    comparison per score (a radix/threshold select is linear in nnz)."""
+    b, hs = cfg.batch, score_heads(cfg)
+    nnz = b * pages(cfg.length, cfg.page_size)
+    width = k_pages(cfg.budget, cfg.page_size)
+    return StageWork("topk", 0, (hs * nnz + b + 1) * INDEX_BYTES,
+                     (hs * b * width + b) * INDEX_BYTES, hs * nnz)
+
+
+def _attention(cfg, union_pages: float | None) -> StageWork:
+    """Sparse attention over the selected pages' valid tokens (T_selected, exact tail);
+    4d FLOPs per token per q head (q.k and p.v)."""
+    m, b, hs = cfg.model, cfg.batch, score_heads(cfg)
+    p = pages(cfg.length, cfg.page_size)
+    k = k_pages(cfg.budget, cfg.page_size, p)
+    read_pages, bound = float(k), False
+    if cfg.mode == "per-head" and m.group > 1 and k < p:
+        if union_pages is None:
+            read_pages, bound = float(union_pages_bound(cfg)), True
+        elif not k <= union_pages <= min(m.group * k, p):
+            raise ValueError(f"mean union of {union_pages} pages is outside {k}..{min(m.group * k, p)}")
+        else:
+            read_pages = float(union_pages)
+    kv = b * m.kv_heads * 2 * vector_bytes(m) * _tokens(read_pages, cfg)
+    tables = (2 * hs * b * k + 3 * b + 1) * INDEX_BYTES  # positions, their page ids, indptr/last/count
+    write = b * m.q_heads * (vector_bytes(m) + FLOAT_BYTES)  # out + lse
+    flops = b * m.q_heads * _tokens(k, cfg) * 4 * m.head_dim
+    return StageWork("attention", kv, _q_bytes(cfg) + tables, write, flops, bound)
+
+
+def _dense(cfg) -> StageWork:
+    """Dense paged decode over all L tokens (T_dense): the baseline."""
+    m, b = cfg.model, cfg.batch
+    nnz = b * pages(cfg.length, cfg.page_size)
+    kv = b * m.kv_heads * 2 * vector_bytes(m) * cfg.length
+    tables = (nnz + 2 * b + 1) * INDEX_BYTES  # kv_indices, indptr, last_page_len
+    write = b * m.q_heads * (vector_bytes(m) + FLOAT_BYTES)
+    return StageWork("dense", kv, _q_bytes(cfg) + tables, write,
+                     b * m.q_heads * cfg.length * 4 * m.head_dim)
+
+
+def stage_work(cfg, union_pages: float | None = None) -> dict[str, StageWork]:
+    """Work of every stage in STAGES for one configuration.
+
+    union_pages: measured mean pages read per (request, KV head) in GQA per-head mode; None
+    uses `union_pages_bound` and marks attention `bound`. Shared modes read K pages per KV head.
+    """
+    return {"summary": _summary(cfg), "estimate": _estimate(cfg), "topk": _topk(cfg),
+            "attention": _attention(cfg, union_pages), "dense": _dense(cfg)}
+
+
+def total(works, stage: str) -> StageWork:
+    """Sum of several StageWork under one name (bound if any part is)."""
+    works = list(works)
+    sums = {f.name: sum(getattr(w, f.name) for w in works)
+            for f in fields(StageWork) if f.name not in ("stage", "bound")}
+    return StageWork(stage, bound=any(w.bound for w in works), **sums)
+
+
+def quest_work(cfg, union_pages: float | None = None) -> StageWork:
+    """One Quest step of a layer: estimate + topk + attention (the summary append is separate)."""
+    work = stage_work(cfg, union_pages)
+    return total((work[s] for s in QUEST_STAGES), "quest")
+
+
+def quest_rho(cfg, union_pages: float | None = None) -> float:
+    """Modelled rho with exact tokens: (index + selected bytes) / dense bytes."""
+    work = stage_work(cfg, union_pages)
+    return (work["estimate"].read + work["attention"].read) / work["dense"].read
+
+
+def intensity(work: StageWork) -> float:
+    """Arithmetic intensity for the roofline, FLOPs per byte moved (all reads and writes)."""
+    return work.flops / work.total_bytes if work.total_bytes else math.inf
+
+
+def amdahl_step_time(fraction: float, speedup: float) -> float:
+    """Step time relative to the original, (1 - f) + f / s, when a fraction f is sped up s x."""
+    if not 0.0 <= fraction <= 1.0 or speedup <= 0:
+        raise ValueError(f"need 0 <= fraction <= 1 and speedup > 0, got {fraction}, {speedup}")
+    return (1.0 - fraction) + fraction / speedup
+
+
+def amdahl_speedup(fraction: float, speedup: float) -> float:
+    """End-to-end speedup 1 / ((1 - f) + f / s)."""
+    return 1.0 / amdahl_step_time(fraction, speedup)
+
+
+def step_attention_time(shape, dense_time: float, quest_time: float) -> float:
+    """Attention time of a decode step over all layers: the first dense_layers stay dense."""
+    return shape.dense_layers * dense_time + (shape.layers - shape.dense_layers) * quest_time
+
+
+def mlp_width(shape) -> int:
+    """MLP intermediate size: the shape's, else 8/3 * hidden rounded up to 256 (11008 at 4096)."""
+    if shape.intermediate:
+        return shape.intermediate
+    hidden = shape.q_heads * shape.head_dim
+    return -(-(8 * hidden) // (3 * 256)) * 256
+
+
+def weight_params(shape) -> int:
+    """Weights read by one decode step, hidden = q_heads * head_dim:
+    per layer q/o projections 2h^2, k/v 2h * kv_heads * d, gated MLP 3h * intermediate;
+    plus the LM head vocab * h. Norms and the embedding row (one per request) are negligible."""
+    hidden = shape.q_heads * shape.head_dim
+    attn = 2 * hidden * hidden + 2 * hidden * shape.kv_heads * shape.head_dim
+    return shape.layers * (attn + 3 * hidden * mlp_width(shape)) + shape.vocab * hidden
+
+
+def weight_bytes(shape, bits: float = 16) -> float:
+    """Bytes of weights per decode step at `bits` per weight (quantisation scales not counted)."""
+    return weight_params(shape) * bits / 8
+
+
+def kv_pool_bytes(cfg) -> int:
+    """Device bytes of one layer's K, V pools and summaries for the batch ([N, Hkv, S, d] x 2 +
+    [N, Hkv, 2, d]), N = B * P: to check a point fits before building it."""
+    m = cfg.model
+    n = cfg.batch * pages(cfg.length, cfg.page_size)
+    return n * m.kv_heads * vector_bytes(m) * (2 * cfg.page_size + 2)
