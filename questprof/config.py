@@ -219,15 +219,18 @@ class Config:
 
     def key(self) -> str:
         """A string naming this point uniquely (model shape included), for resuming sweeps."""
-        return "|".join(f"{k}={v}" for k, v in self.as_dict().items())
+        return "|".join(f"{k}={v}" for k, v in self._fields().items())
 
-    def as_dict(self) -> dict:
-        """Flat dict: model fields (name as 'model'), then the point's fields."""
+    def _fields(self) -> dict:
         shape = asdict(self.model)
-        shape["model"] = shape.pop("name")
         point = {k: getattr(self, k) for k in ("length", "batch", "page_size", "budget",
                                                  "mode", "seed")}
-        return {"model": shape.pop("model"), **shape, **point}
+        return {"model": shape.pop("name"), **shape, **point}
+
+    def as_dict(self) -> dict:
+        """Flat dict for result rows: model fields (name as 'model'), the point's fields,
+        then the derived pages and k_pages (budget // page_size, uncapped)."""
+        return {**self._fields(), "pages": self.pages, "k_pages": self.k_pages}
 
 
 def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:

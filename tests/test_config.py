@@ -220,6 +220,7 @@ def test_config_as_dict_and_key():
     point = expand(load_scenario("smoke"), lengths=[5000])[0]
     row = point.as_dict()
     assert row["model"] == "smoke" and row["q_heads"] == 4 and row["length"] == 5000
+    assert (row["pages"], row["k_pages"], row["mode"], row["seed"]) == (313, 64, "per-head", 0)
     assert set(row) >= {f.name for f in dataclasses.fields(ModelShape)} - {"name"}
     assert point.key() == dataclasses.replace(point).key()
     assert point.key() != dataclasses.replace(point, seed=1).key()
