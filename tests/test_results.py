@@ -1,0 +1,110 @@
+"""Results on disk: crash-safe rows, parquet on exit, resume keys, compare verdicts."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from questprof import results
+from questprof.config import ConfigError
+from questprof.results import ResultsWriter
+
+
+def row(stage="dense", length=4096, median=1.0, spread=0.05, status="ok", **extra):
+    base = {"model": "m", "dtype": "fp16", "length": length, "batch": 1, "page_size": 16,
+            "budget": 1024, "mode": "per-head", "stage": stage, "status": status,
+            "median_ms": median, "p20_ms": median - spread, "p80_ms": median + spread,
+            "p95_ms": median + 2 * spread, "config_key": f"L={length}", "reason": None}
+    return {**base, **extra}
+
+
+def test_rows_reach_disk_before_close(tmp_path):
+    writer = ResultsWriter(tmp_path, {"scenario": "s"})
+    writer.append(row("summary"))
+    writer.append(row("dense"))
+    lines = (tmp_path / results.ROWS).read_text().splitlines()
+    assert [json.loads(line)["stage"] for line in lines] == ["summary", "dense"]
+    assert json.loads((tmp_path / results.META).read_text())["scenario"] == "s"
+    writer.close()
+    df = pd.read_parquet(tmp_path / results.PARQUET)
+    assert list(df["stage"]) == ["summary", "dense"]
+    assert list(df.columns[: len(results.COLUMNS)]) == list(results.COLUMNS)
+    assert json.loads((tmp_path / results.META).read_text())["finished"]
+
+
+def test_parquet_written_when_the_run_dies(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ResultsWriter(tmp_path) as writer:
+            writer.append(row("summary"))
+            raise RuntimeError("boom")
+    df, meta = results.load(tmp_path)
+    assert len(pd.read_parquet(tmp_path / results.PARQUET)) == 1 and len(df) == 1
+    assert meta["finished"] is None
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    with ResultsWriter(tmp_path) as writer:
+        writer.append(row("summary"))
+    with open(tmp_path / results.ROWS, "a") as f:
+        f.write('{"stage": "dense", "len')
+    assert len(results.read_rows(tmp_path)) == 1
+
+
+def test_done_keys_and_appending_a_resumed_run(tmp_path):
+    with ResultsWriter(tmp_path) as writer:
+        writer.append(row("summary", status="skipped"))
+    with ResultsWriter(tmp_path) as writer:
+        writer.append(row("dense"))
+    assert results.done_keys(tmp_path) == {("L=4096", "summary"), ("L=4096", "dense")}
+    assert len(results.load(tmp_path)[0]) == 2
+
+
+def test_load_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not found"):
+        results.load(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="not a results directory"):
+        results.load(tmp_path)
+
+
+def write_run(path, rows):
+    with ResultsWriter(path) as writer:
+        for r in rows:
+            writer.append(r)
+    return path
+
+
+def test_compare_verdicts(tmp_path):
+    a = write_run(tmp_path / "a", [row(length=n) for n in (1, 2, 3, 4, 5)])
+    b = write_run(tmp_path / "b", [
+        row(length=1, median=1.01),                 # within noise
+        row(length=2, median=1.5),                  # clearly slower
+        row(length=3, median=0.5),                  # clearly faster
+        row(length=4, median=1.5, spread=0.6),      # slower median, overlapping spreads
+        row(length=5, status="skipped"),
+    ])
+    table = results.compare(a, b, threshold=0.05).set_index("length")
+    assert table["verdict"].to_dict() == {1: "SAME", 2: "SLOWER", 3: "FASTER", 4: "SAME",
+                                          5: "MISSING"}
+    assert table.loc[2, "ratio"] == pytest.approx(1.5)
+    loose = results.compare(a, b, threshold=0.6).set_index("length")
+    assert loose.loc[2, "verdict"] == "SAME"
+    with pytest.raises(ConfigError):
+        results.compare(a, b, threshold=-1)
+
+
+def test_compare_reports_configurations_of_one_side(tmp_path):
+    a = write_run(tmp_path / "a", [row(length=1)])
+    b = write_run(tmp_path / "b", [row(length=2)])
+    assert list(results.compare(a, b)["verdict"]) == ["MISSING", "MISSING"]
+
+
+def test_summary_table():
+    df = results.frame([row("dense", median=4.0), row("quest", median=1.0, rho_formula=0.3),
+                        row("dense", length=512, median=2.0), row("quest", length=512, median=2.0),
+                        row("dense", length=8192, status="skipped", reason="needs 9 GiB"),
+                        row("quest", length=8192, status="skipped", reason="needs 9 GiB")])
+    table = results.summary_table(df).set_index("length")
+    assert table.loc[4096, "speedup"] == pytest.approx(4.0)
+    assert table.loc[512, "note"].startswith("quest = dense")
+    assert table.loc[8192, "note"] == "skipped: needs 9 GiB"
+    assert pd.isna(table.loc[8192, "speedup"])

@@ -1,0 +1,145 @@
+"""The sweep on the NumPy backend: rows, the quest row, dense budgets, resume, out-of-memory."""
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from questprof import results, sweep
+from questprof.backends.numpy import NumpyBackend
+from questprof.config import expand, load_scenario
+
+FAST = {"repeats": 2, "warmup": 0}
+
+
+@pytest.fixture(scope="module")
+def smoke():
+    return load_scenario("smoke")
+
+
+def configs(scenario, lengths="256,1000", budgets="64,1024"):
+    return expand(scenario, lengths=lengths, budgets=budgets)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def stop_after(n):
+    def progress(row, done, total):
+        if done == n:
+            raise Interrupt(f"stopped after {n} rows")
+    return progress
+
+
+def by_stage(rows):
+    return {(r["config_key"], r["stage"]): r for r in rows}
+
+
+def test_rows_for_every_configuration_and_stage(tmp_path, smoke):
+    points = configs(smoke)
+    seen = []
+    rows = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, progress=lambda r, d, t:
+                           seen.append((d, t)), **FAST)
+    assert len(rows) == len(points) * len(sweep.STAGES) == len(results.load(tmp_path)[0])
+    assert seen[-1] == (len(rows), len(rows))
+    assert set(results.COLUMNS) <= set(rows[0])
+    assert (tmp_path / results.PARQUET).is_file()
+    sparse = by_stage(rows)[(points[0].key(), "quest")]  # 256 tokens, budget 64
+    parts = [by_stage(rows)[(points[0].key(), s)]["median_ms"] for s in sweep.model.QUEST_STAGES]
+    assert sparse["status"] == "ok" and sparse["median_ms"] == pytest.approx(sum(parts))
+    assert sparse["rho_formula"] == pytest.approx(1 / 16 + 4 / 16)
+    assert all(r["bandwidth_gbs"] > 0 for r in rows if r["status"] == "ok")
+
+
+def test_dense_budget_records_quest_as_dense(tmp_path, smoke):
+    point = configs(smoke, lengths="1000", budgets="1024")[0]
+    rows = by_stage(sweep.run_sweep(smoke, [point], NumpyBackend(), tmp_path, **FAST))
+    quest, dense = rows[(point.key(), "quest")], rows[(point.key(), "dense")]
+    assert quest["status"] == "ok" and quest["median_ms"] == dense["median_ms"]
+    assert "dense" in quest["reason"]
+    assert rows[(point.key(), "topk")]["status"] == "skipped"
+
+
+def test_interrupt_keeps_rows_and_resume_finishes_without_redoing(tmp_path, smoke):
+    points = configs(smoke)
+    total = len(points) * len(sweep.STAGES)
+    with pytest.raises(Interrupt):  # 8 rows: one configuration and two stages of the next
+        sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, progress=stop_after(8), **FAST)
+    kept = results.read_rows(tmp_path)
+    assert len(kept) == 8 and len(results.load(tmp_path)[0]) == 8
+    assert len(pd.read_parquet(tmp_path / results.PARQUET)) == 8
+    new = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, resume=True, **FAST)
+    assert len(new) == total - 8
+    every = results.read_rows(tmp_path)
+    assert Counter((r["config_key"], r["stage"]) for r in every).most_common(1)[0][1] == 1
+    assert len(every) == total
+    key = points[1].key()  # its estimate ran before the interrupt, topk and attention after
+    rows = by_stage(every)
+    parts = sum(rows[(key, s)]["median_ms"] for s in sweep.model.QUEST_STAGES)
+    assert rows[(key, "quest")]["median_ms"] == pytest.approx(parts)
+    meta = results.load(tmp_path)[1]
+    assert meta["finished"] and len(meta["resumed"]) == 1
+
+
+class OutOfMemoryError(Exception):
+    """Looks like cupy.cuda.memory.OutOfMemoryError to the sweep."""
+
+
+class DenseOOM(NumpyBackend):
+    def attention(self, q, kv, sel=None, count=None):
+        if sel is None:
+            raise OutOfMemoryError("out of memory allocating 1,048,576 bytes")
+        return super().attention(q, kv, sel, count)
+
+
+def test_out_of_memory_in_a_stage_is_a_skipped_row(tmp_path, smoke):
+    points = configs(smoke)
+    rows = by_stage(sweep.run_sweep(smoke, points, DenseOOM(), tmp_path, **FAST))
+    dense = rows[(points[0].key(), "dense")]
+    assert dense["status"] == "skipped" and "out of memory" in dense["reason"]
+    assert rows[(points[0].key(), "quest")]["status"] == "ok"
+    assert len(rows) == len(points) * len(sweep.STAGES)
+
+
+def test_out_of_memory_while_building_skips_the_configuration(tmp_path, smoke, monkeypatch):
+    points = configs(smoke, budgets="64")
+    real = sweep.prepare
+
+    def prepare(cfg, backend, layers):
+        if cfg.length == 1000:
+            raise MemoryError()
+        return real(cfg, backend, layers)
+
+    monkeypatch.setattr(sweep, "prepare", prepare)
+    rows = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, **FAST)
+    status = Counter((r["length"], r["status"]) for r in rows)
+    assert status == {(256, "ok"): 6, (1000, "skipped"): 6}
+
+
+def test_a_configuration_too_big_for_free_memory_is_skipped(tmp_path, smoke, monkeypatch):
+    monkeypatch.setattr(sweep, "free_bytes", lambda backend: 1 << 20)
+    rows = sweep.run_sweep(smoke, configs(smoke, "256", "64"), NumpyBackend(), tmp_path, **FAST)
+    assert {r["status"] for r in rows} == {"skipped"}
+    assert "GiB of GPU memory" in rows[0]["reason"]
+
+
+class FakeGpu:
+    is_gpu = True
+
+
+def test_sim_layers_cover_four_times_l2(smoke, monkeypatch):
+    monkeypatch.setattr(sweep, "_l2_bytes", lambda: 60 << 20)
+    small, big = configs(smoke, lengths="1000,1m", budgets="64")
+    pool = sweep.model.kv_pool_bytes(small)
+    assert sweep.sim_layers(small, FakeGpu()) == min(smoke.model.layers, -(-(240 << 20) // pool))
+    assert sweep.sim_layers(big, FakeGpu()) == 1
+    assert sweep.sim_layers(small, NumpyBackend()) == 1
+    assert sweep.sim_layers(small, FakeGpu(), layers=7) == 7
+
+
+def test_union_pages():
+    sel = np.array([[[0, 2, 3]], [[1, 2, 3]], [[0, 2, 3]], [[0, 2, 3]]], dtype=np.int32)
+    assert sweep.union_pages(sel, np.array([3]), group=2) == pytest.approx((4 + 3) / 2)
+    assert sweep.union_pages(sel, np.array([2]), group=2) == pytest.approx((3 + 2) / 2)
