@@ -1,0 +1,197 @@
+"""One self-contained HTML report of a run: `write_report(df, meta, path)`.
+
+df holds result rows as notes/CONTRACTS.md defines them (one per configuration x stage); the
+report reads length, batch, page_size, budget, mode, stage, status, reason, median_ms,
+read_bytes, unmodelled_bytes, write_bytes, flops, measured_read_bytes, bytes_source,
+rho_formula, sm_clock_mhz, mem_clock_mhz, throttled, backend. Missing mode means 'per-head'.
+Rows with stage 'e2e' carry end-to-end steps; their columns are listed in report/amdahl.py.
+meta is meta.json; beyond the contract it may carry heatmap_length (tokens) for section 5.
+
+Sections: at a glance, crossover, speedup, roofline, bytes, heatmap, end to end, machine.
+Every figure is a function of df; plotly.js is inlined once, so the file opens offline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from questprof.report import amdahl, figures, frames, hardware
+from questprof.report.frames import PANEL, fmt_tokens, fmt_x
+from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
+
+__all__ = ["write_report"]
+
+CPU_BANNER = "CPU reference run: times are CPU times"
+
+
+def _panels(pairs: pd.DataFrame):
+    """(index, label, rows) per (batch, mode), labels naming only what varies."""
+    names = frames.varying(pairs, PANEL) or ["batch"]
+    for i, (key, rows) in enumerate(pairs.groupby(PANEL, sort=True)):
+        yield i, frames.label(PANEL, key, names), rows
+
+
+def _glance(pairs: pd.DataFrame, df: pd.DataFrame) -> str:
+    """Crossover and speedup at the longest length per curve; the best per panel highlighted."""
+    if pairs.dropna(subset=["speedup"]).empty:
+        return "<p>No configuration has both a Quest and a dense time: nothing to compare.</p>"
+    g = frames.glance(pairs).dropna(subset=["speedup"])
+    g["best"] = g["speedup"] == g.groupby(PANEL)["speedup"].transform("max")
+    g["cross"] = g["text"]
+    g["at"] = g["longest"].map(fmt_tokens)
+    g["sp"], g["id"] = g["speedup"].map(fmt_x), g["ideal"].map(fmt_x)
+    g["share"] = g["of_ideal"].map(lambda v: f"{v:.0%}")
+    g["budget_t"] = g["budget"].map(fmt_tokens)
+    columns = {"batch": "batch", "mode": "mode", "page_size": "page size", "budget_t": "budget",
+               "cross": "Quest beats dense from", "at": "longest length", "sp": "speedup there",
+               "id": "ideal 1/rho there", "share": "share of ideal"}
+    if "mode" not in frames.varying(g, ["mode"]):
+        columns.pop("mode")
+    return (table(g, columns, "glance-table", numeric={"sp", "id", "share"}, best=g["best"])
+            + "<p class=\"note\">Highlighted: the fastest page size and budget at the longest "
+              "length of each batch. Speedup = dense median / Quest median per layer.</p>")
+
+
+def _skipped(df: pd.DataFrame) -> str:
+    skipped = frames.skipped(df)
+    if skipped.empty:
+        return "<p class=\"note\">No skipped rows.</p>"
+    columns = {c: c for c in skipped.columns}
+    return "<h3>Skipped rows</h3>" + table(skipped, columns, "skipped-table", numeric={"rows"})
+
+
+def _crossover(pairs: pd.DataFrame) -> str:
+    """A figure per panel, then one table of every curve's crossover."""
+    parts = [figure(figures.crossover_figure(rows, name), f"crossover-{i}")
+             for i, name, rows in _panels(pairs)]
+    cross = frames.crossovers(pairs)
+    cross["budget_t"] = cross["budget"].map(fmt_tokens)
+    cross["about"] = cross["estimate"].map(frames.fmt_about)
+    columns = {"batch": "batch", "mode": "mode", "page_size": "page size", "budget_t": "budget",
+               "text": "Quest beats dense from", "about": "interpolated crossover"}
+    return "".join(parts) + table(cross, columns, "crossover-table")
+
+
+def _speedup(pairs: pd.DataFrame) -> str:
+    return "".join(figure(figures.speedup_figure(rows, name), f"speedup-{i}")
+                   for i, name, rows in _panels(pairs))
+
+
+def _heatmaps(pairs: pd.DataFrame, meta: dict) -> str:
+    parts = []
+    for i, name, rows in _panels(pairs):
+        length = frames.heatmap_length(rows, meta)
+        if length is None:
+            parts.append(f"<p>{esc(name)}: no speedup measured.</p>")
+            continue
+        parts.append(figure(figures.heatmap_figure(rows, length, name), f"heatmap-{i}"))
+    return "".join(parts)
+
+
+def _roofline(df: pd.DataFrame, meta: dict) -> str:
+    if hardware.roofline_points(df).empty:
+        return "<p>No kernel row with FLOPs and a time: nothing to place on the roofline.</p>"
+    ceilings = meta.get("ceilings") or {}
+    note = "" if ceilings.get("read_gbs") and ceilings.get("fp16_tflops") else (
+        "<p class=\"note\">This run recorded no measured ceilings (meta.json ceilings.read_gbs, "
+        "ceilings.fp16_tflops): the measured roof is not drawn.</p>")
+    return note + figure(hardware.roofline_figure(df, ceilings), "roofline")
+
+
+def _bytes(df: pd.DataFrame) -> str:
+    if not hardware.has_measured_bytes(df):
+        return ("<p>This run did not measure DRAM bytes. Measure them with "
+                "<code>questprof bytes --check-formula</code>.</p>")
+    ratios = hardware.bytes_table(df)
+    for c in ("median", "min", "max"):
+        ratios[c] = ratios[c].map(lambda v: f"{v:.3f}")
+    columns = {"stage": "kernel", "rows": "rows", "median": "measured / modelled (median)",
+               "min": "min", "max": "max", "source": "byte source"}
+    return (figure(hardware.bytes_figure(df), "bytes") + table(ratios, columns, "bytes-table",
+                                                               numeric={"rows", "median", "min", "max"})
+            + figure(hardware.rho_figure(df), "rho"))
+
+
+def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
+    rows = amdahl.e2e_rows(df, pairs)
+    if not rows.empty:
+        return figure(amdahl.measured_figure(rows), "amdahl")
+    g = frames.glance(pairs).dropna(subset=["speedup"])
+    if g.empty:
+        return "<p>No attention speedup was measured, so there is nothing to project.</p>"
+    return ("<p class=\"banner\">Modelled, not measured: this run has no end-to-end rows "
+            "(stage 'e2e'). The curves are Amdahl's law applied to the attention speedups "
+            "measured in section 2.</p>" + figure(amdahl.modelled_figure(g), "amdahl"))
+
+
+def _header(df: pd.DataFrame, meta: dict) -> str:
+    machine = meta.get("machine") or {}
+    title = f"questprof: {meta.get('scenario', 'run')} on {machine.get('gpu', 'unknown GPU')}"
+    backends = set(df["backend"].dropna()) if "backend" in df else set()
+    cpu = meta.get("backend") == "numpy" or backends == {"numpy"}
+    banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""
+    if meta.get("fallback_reason"):
+        banner += f"<p class=\"banner\">Fell back: {esc(meta['fallback_reason'])}</p>"
+    nav = " ".join(f"<a href=\"#{a}\">{t}</a>" for a, t in SECTIONS)
+    command = f"<p class=\"note\"><code>{esc(meta['command'])}</code></p>" if meta.get("command") else ""
+    return f"<h1>{esc(title)}</h1>{command}{banner}<nav>{nav}</nav>", title
+
+
+SECTIONS = (("glance", "At a glance"), ("crossover", "1. Crossover"), ("speedup", "2. Speedup"),
+            ("roofline", "3. Roofline"), ("bytes", "4. Bytes"), ("heatmap", "5. Page size x budget"),
+            ("amdahl", "6. End to end"), ("machine", "7. The machine"))
+LEDES = {
+    "glance": "For each page size, budget and batch: from which context length Quest's decode "
+              "attention is faster than dense, and how close it gets to the ideal 1/rho at the "
+              "longest length measured.",
+    "crossover": "Time per layer (median) against context length. Coloured bands: Quest's "
+                 "stages stacked; dotted black: dense. The dashed line marks where Quest starts "
+                 "to win and stays ahead.",
+    "speedup": "Dense median / Quest median per layer (solid) against the ideal 1/rho = "
+               "1 / (1/S + K/P) (dashed): the gap is what the kernels leave on the table.",
+    "roofline": "Each kernel of each configuration at its modelled arithmetic intensity and "
+                "achieved throughput, under the roof of the measured read bandwidth and fp16 "
+                "matmul rate (datasheet dashed). Points near the slanted roof are memory bound "
+                "and fast; points far below it lose time to latency or launch overhead.",
+    "bytes": "DRAM bytes the counters saw, against the byte model, and the measured rho against "
+             "the formula 1/S + K/P.",
+    "heatmap": "Speedup at one length for every page size and budget: green beats dense.",
+    "amdahl": "What the attention speedup is worth for a whole decode step.",
+    "machine": "Where and how these numbers were measured.",
+}
+
+
+def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
+    """The HTML body, the title and whether any figure was drawn."""
+    pairs = frames.paired(df)
+    header, title = _header(df, meta)
+    have = not pairs.empty
+    empty = "<p>No measured rows: every row was skipped (see the list above).</p>"
+    content = {
+        "glance": _glance(pairs, df) + _skipped(df),
+        "crossover": _crossover(pairs) if have else empty,
+        "speedup": _speedup(pairs) if have else empty,
+        "roofline": _roofline(df, meta),
+        "bytes": _bytes(df) if have else empty,
+        "heatmap": _heatmaps(pairs, meta) if have else empty,
+        "amdahl": _amdahl(df, pairs),
+        "machine": meta_table(meta, clocks(df)),
+    }
+    body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in SECTIONS)
+    return body, title, "plotly-graph-div" in body
+
+
+def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
+    """Write the HTML report of rows `df` and run metadata `meta` to `path`; returns the path.
+
+    A directory path gets report.html inside it. The file needs no network to open.
+    """
+    path = Path(path)
+    if path.is_dir() or not path.suffix:
+        path = path / "report.html"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body, title, with_plotly = _body(df, dict(meta or {}))
+    path.write_text(page(title, body, with_plotly), encoding="utf-8")
+    return path

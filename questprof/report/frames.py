@@ -1,0 +1,199 @@
+"""Tables derived from result rows: quest vs dense per point, crossovers, the at-a-glance lines.
+
+A point is (batch, mode, page_size, budget, length); a curve is a point without its length; a
+panel is (batch, mode): one crossover figure, one speedup figure and one heatmap each.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from questprof import model
+
+PANEL = ["batch", "mode"]
+CURVE = PANEL + ["page_size", "budget"]
+POINT = CURVE + ["length"]
+DEFAULT_MODE = "per-head"  # rows written before modes existed, and MHA rows, carry none
+
+
+def fmt_tokens(n) -> str:
+    """16384 -> '16k', 1048576 -> '1M', 1000 -> '1000' (k = 1024, as in the range syntax)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "–"
+    n = int(round(n))
+    if n >= 1024**2 and n % 1024**2 == 0:
+        return f"{n // 1024**2}M"
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024}k"
+    return str(n)
+
+
+def fmt_about(n) -> str:
+    """An interpolated length: '≈ 22.4k' (k = 1024), '≈ 900', or '–' when missing."""
+    if n is None or pd.isna(n):
+        return "–"
+    return f"≈ {n / 1024:.1f}k" if n >= 1024 else f"≈ {n:.0f}"
+
+
+def fmt_x(value) -> str:
+    """A speedup as '3.21x', or '–' when missing."""
+    return "–" if value is None or pd.isna(value) else f"{value:.2f}x"
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows with status ok of the per-layer stages (the 'e2e' rows are left to the Amdahl part)."""
+    if df.empty or "status" not in df:
+        return df.iloc[0:0]
+    ok = df[(df["status"] == "ok") & (df["stage"] != "e2e")].copy()
+    if "mode" not in ok:
+        ok["mode"] = DEFAULT_MODE
+    ok["mode"] = ok["mode"].fillna(DEFAULT_MODE)
+    return ok
+
+
+def _stage_ms(ok: pd.DataFrame) -> pd.DataFrame:
+    """Median ms per point, one column per stage present."""
+    if ok.empty:
+        return pd.DataFrame(columns=POINT).set_index(POINT)
+    return ok.pivot_table(index=POINT, columns="stage", values="median_ms", aggfunc="median")
+
+
+def _dense_ms(ok: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+    """Dense median ms, keyed by the point columns the dense rows actually carry."""
+    dense = ok[ok["stage"] == "dense"]
+    keys = [k for k in POINT if dense[k].notna().all()]
+    return dense.groupby(keys)["median_ms"].median().rename("dense_ms"), keys
+
+
+def _ideal_rho(points: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
+    """rho_formula of each point from its rows; model.rho where a row has none."""
+    given = ok.groupby(POINT)["rho_formula"].median() if "rho_formula" in ok else None
+    rho = points.index.to_frame(index=False).apply(
+        lambda p: model.rho(p.page_size, model.k_pages(p.budget, p.page_size),
+                            model.pages(p.length, p.page_size)), axis=1)
+    rho.index = points.index
+    return rho if given is None else given.reindex(points.index).fillna(rho)
+
+
+def paired(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per point: estimate/topk/attention/quest/dense ms, speedup, rho_formula, ideal.
+
+    quest_ms is the 'quest' row (the three stages timed as one pass) when present, else the sum
+    of the three stage medians; speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
+    """
+    ok = measured(df)
+    points = _stage_ms(ok[ok["stage"] != "dense"])
+    for stage in (*model.QUEST_STAGES, "quest"):
+        if stage not in points:
+            points[stage] = np.nan
+    stage_sum = points[list(model.QUEST_STAGES)].sum(axis=1, min_count=len(model.QUEST_STAGES))
+    points["quest_ms"] = points["quest"].fillna(stage_sum)
+    points = points.rename(columns={s: f"{s}_ms" for s in model.QUEST_STAGES})
+    out = points.drop(columns="quest").reset_index()
+    out["dense_ms"] = np.nan
+    if (ok["stage"] == "dense").any() and not out.empty:
+        dense, keys = _dense_ms(ok)
+        out = out.drop(columns="dense_ms").merge(dense.reset_index(), on=keys, how="left")
+    out = out[out["quest_ms"].notna() | out["dense_ms"].notna()]
+    out["speedup"] = out["dense_ms"] / out["quest_ms"]
+    out["rho_formula"] = _ideal_rho(out.set_index(POINT), ok).to_numpy() if len(out) else []
+    out["ideal"] = 1.0 / out["rho_formula"]
+    return out.sort_values(POINT).reset_index(drop=True)
+
+
+def _interpolated(lose: pd.Series, win: pd.Series) -> float:
+    """Length where log(speedup) crosses 0 between a losing and a winning point, log2 x."""
+    a, b = math.log(lose["speedup"]), math.log(win["speedup"])
+    t = -a / (b - a) if b != a else 0.5
+    return 2 ** (math.log2(lose["length"]) + t * (math.log2(win["length"]) - math.log2(lose["length"])))
+
+
+def crossover(curve: pd.DataFrame) -> dict:
+    """Where Quest starts to beat dense along one curve (rows of `paired`, any order).
+
+    kind: 'from' (Quest wins from `length` on, `estimate` interpolated from the last loss),
+    'always' (wins from the shortest length), 'never' (loses at the longest), 'none' (no pair).
+    """
+    both = curve.dropna(subset=["speedup"]).sort_values("length")
+    if both.empty:
+        return {"kind": "none", "length": None, "estimate": None,
+                "text": "no quest/dense pair measured"}
+    wins = (both["speedup"] > 1.0).to_numpy()
+    if not wins[-1]:
+        return {"kind": "never", "length": None, "estimate": None, "text": "no crossover in range"}
+    if wins.all():
+        first = int(both["length"].iloc[0])
+        return {"kind": "always", "length": first, "estimate": None,
+                "text": f"Quest wins from the shortest length ({fmt_tokens(first)})"}
+    last_loss = int(np.flatnonzero(~wins)[-1])
+    lose, win = both.iloc[last_loss], both.iloc[last_loss + 1]
+    length = int(win["length"])
+    return {"kind": "from", "length": length, "estimate": _interpolated(lose, win),
+            "text": f"{fmt_tokens(length)}"}
+
+
+def crossovers(pairs: pd.DataFrame) -> pd.DataFrame:
+    """One row per curve: crossover kind, length, interpolated estimate, text."""
+    rows = []
+    for key, curve in pairs.groupby(CURVE, sort=True):
+        rows.append({**dict(zip(CURVE, key)), **crossover(curve)})
+    return pd.DataFrame(rows, columns=CURVE + ["kind", "length", "estimate", "text"])
+
+
+def glance(pairs: pd.DataFrame) -> pd.DataFrame:
+    """One row per curve: crossover, longest length, speedup there, ideal there, share of ideal."""
+    cross = crossovers(pairs)
+    rows = []
+    for key, curve in pairs.dropna(subset=["speedup"]).groupby(CURVE, sort=True):
+        last = curve.sort_values("length").iloc[-1]
+        rows.append({**dict(zip(CURVE, key)), "longest": int(last["length"]),
+                     "speedup": last["speedup"], "ideal": last["ideal"],
+                     "of_ideal": last["speedup"] / last["ideal"]})
+    longest = pd.DataFrame(rows, columns=CURVE + ["longest", "speedup", "ideal", "of_ideal"])
+    return cross.merge(longest, on=CURVE, how="left")
+
+
+def heatmap_length(pairs: pd.DataFrame, meta: dict) -> int | None:
+    """meta['heatmap_length'] when it was measured, else the longest length with a speedup."""
+    lengths = set(pairs.dropna(subset=["speedup"])["length"].astype(int))
+    wanted = meta.get("heatmap_length")
+    if wanted is not None and int(wanted) in lengths:
+        return int(wanted)
+    return max(lengths) if lengths else None
+
+
+def varying(df: pd.DataFrame, keys) -> list[str]:
+    """The keys that take more than one value in df (labels name only those)."""
+    return [k for k in keys if k in df and df[k].nunique(dropna=False) > 1]
+
+
+def label(keys, values, names=None) -> str:
+    """'batch 4, per-head' from keys and values, keeping only `names` when given."""
+    parts = []
+    for k, v in zip(keys, values):
+        if names is not None and k not in names:
+            continue
+        parts.append(str(v) if k == "mode" else {"page_size": f"S={v}", "budget": f"B={v}",
+                                                  "batch": f"batch {v}"}.get(k, f"{k} {v}"))
+    return ", ".join(parts)
+
+
+def skipped(df: pd.DataFrame) -> pd.DataFrame:
+    """Skipped rows grouped by reason: count, stages, lengths, page sizes, budgets, batches."""
+    if df.empty or "status" not in df:
+        return pd.DataFrame(columns=["reason", "rows"])
+    rows = df[df["status"] != "ok"].copy()
+    rows["reason"] = rows.get("reason", pd.Series(index=rows.index, dtype=object)).fillna("(none given)")
+
+    def values(series, fmt=str):
+        return ", ".join(fmt(v) for v in sorted(series.dropna().unique()))
+
+    out = [{"reason": reason, "rows": len(g), "stages": values(g["stage"]),
+            "lengths": values(g["length"], fmt_tokens), "page sizes": values(g["page_size"]),
+            "budgets": values(g["budget"]), "batches": values(g["batch"])}
+           for reason, g in rows.groupby("reason", sort=True)]
+    return pd.DataFrame(out, columns=["reason", "rows", "stages", "lengths", "page sizes",
+                                      "budgets", "batches"])
