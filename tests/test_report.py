@@ -1,0 +1,200 @@
+"""The HTML report on synthetic rows: figures present, the planted crossover found, edge runs."""
+
+import re
+
+import numpy as np
+import pandas as pd
+import plotly.offline
+import pytest
+
+from questprof import model
+from questprof.config import Config, ModelShape
+from questprof.report import CPU_BANNER, frames, write_report
+
+SHAPE = ModelShape("gqa-8b", layers=32, q_heads=32, kv_heads=8, head_dim=128, dtype="fp16")
+LENGTHS = [2048 * 2**i for i in range(7)]  # 2k .. 128k
+PLANTED = {"batch": 1, "page_size": 16, "budget": 2048, "length": 16384}
+BANDWIDTH = 4.0e12  # bytes/s of the pretend GPU
+LAUNCH_MS = {"estimate": 0.006, "topk": 0.012, "attention": 0.006, "dense": 0.004, "summary": 0.003}
+STAGES = ("summary", "estimate", "topk", "attention", "dense")
+
+
+def _row(cfg: Config, stage: str, work, ms: float, measured: bool) -> dict:
+    p = model.pages(cfg.length, cfg.page_size)
+    return {"scenario": "synthetic", "model": SHAPE.name, "layers": SHAPE.layers,
+            "q_heads": SHAPE.q_heads, "kv_heads": SHAPE.kv_heads, "head_dim": SHAPE.head_dim,
+            "dtype": SHAPE.dtype, "length": cfg.length, "batch": cfg.batch,
+            "page_size": cfg.page_size, "budget": cfg.budget, "k_pages": cfg.k_pages, "pages": p,
+            "mode": cfg.mode, "stage": stage, "backend": "cupy", "method": "events",
+            "median_ms": ms, "p20_ms": ms * 0.98, "p80_ms": ms * 1.02, "p95_ms": ms * 1.05,
+            "read_bytes": work.read, "unmodelled_bytes": work.unmodelled_read,
+            "write_bytes": work.write, "flops": work.flops,
+            "bandwidth_gbs": work.total_bytes / ms / 1e6,
+            "measured_read_bytes": work.total_read * 1.04 if measured else None,
+            "measured_write_bytes": work.write * 1.1 if measured else None,
+            "bytes_source": "cupti" if measured else None,
+            "rho_formula": model.rho(cfg.page_size, cfg.k_pages, p), "rho_model": model.quest_rho(cfg),
+            "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "throttled": False, "status": "ok",
+            "reason": None}
+
+
+def _times(cfg: Config, rng) -> dict:
+    """Stage ms: bytes at BANDWIDTH plus launch latency, with 2% noise; the planted curve is
+    forced to lose (0.7x) below PLANTED['length'] and win (1.6x) from it on."""
+    work = model.stage_work(cfg)
+    ms = {s: (work[s].total_bytes / BANDWIDTH * 1e3 + LAUNCH_MS[s]) * rng.uniform(0.98, 1.02)
+          for s in STAGES}
+    curve = {k: getattr(cfg, k) for k in ("batch", "page_size", "budget")}
+    if curve == {k: PLANTED[k] for k in curve}:
+        target = ms["dense"] / (1.6 if cfg.length >= PLANTED["length"] else 0.7)
+        scale = target / sum(ms[s] for s in model.QUEST_STAGES)
+        ms.update({s: ms[s] * scale for s in model.QUEST_STAGES})
+    ms["quest"] = sum(ms[s] for s in model.QUEST_STAGES)
+    return ms
+
+
+def synthetic(lengths=LENGTHS, batches=(1, 4), page_sizes=(16, 32), budgets=(512, 2048),
+              modes=("per-head",), measured=True, seed=0) -> pd.DataFrame:
+    """Seeded result rows shaped like a sweep's, with a crossover planted at PLANTED."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for batch in batches:
+        for size in page_sizes:
+            for budget in budgets:
+                for mode in modes:
+                    for length in lengths:
+                        cfg = Config(SHAPE, length, batch, size, budget, mode)
+                        work, ms = model.stage_work(cfg), _times(cfg, rng)
+                        quest = model.quest_work(cfg)
+                        rows += [_row(cfg, s, work[s], ms[s], measured) for s in STAGES]
+                        rows.append(_row(cfg, "quest", quest, ms["quest"], measured))
+    return pd.DataFrame(rows)
+
+
+META = {"scenario": "synthetic", "command": "questprof sweep synthetic --lengths 2k..128k",
+        "started": "2025-01-01T00:00:00+00:00", "finished": "2025-01-01T00:10:00+00:00",
+        "git_commit": "abc1234", "backend": "cupy", "fallback_reason": None,
+        "machine": {"gpu": "NVIDIA H200", "driver": "570.86", "cuda": "12.8", "cupy": "13.4.0",
+                    "torch": "2.6.0", "numpy": "2.2", "python": "3.11", "sm_count": 132,
+                    "l2_bytes": 62914560},
+        "ceilings": {"read_gbs": 4100.0, "copy_gbs": 3900.0, "fp16_tflops": 720.0,
+                     "datasheet_gbs": 4800.0, "datasheet_tflops": 989.0},
+        "grid": {"lengths": "2k..128k"}}
+
+
+def plot_ids(text: str) -> list[str]:
+    return re.findall(r'<div id="fig-([^"]+)" class="plotly-graph-div"', text)
+
+
+def table_rows(text: str, table_id: str) -> list[list[str]]:
+    """Cells of each body row of the table with this id."""
+    body = re.search(rf'<table id="{table_id}">.*?<tbody>(.*?)</tbody>', text, re.S)
+    assert body, f"no table {table_id}"
+    return [re.findall(r"<td[^>]*>(.*?)</td>", row) for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body.group(1))]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = write_report(synthetic(), META, tmp_path_factory.mktemp("r") / "report.html")
+    return path.read_text(encoding="utf-8")
+
+
+def test_one_plot_div_per_figure(report):
+    panels = [0, 1]  # batch 1 and batch 4
+    expected = ([f"crossover-{i}" for i in panels] + [f"speedup-{i}" for i in panels]
+                + ["roofline", "bytes", "rho"] + [f"heatmap-{i}" for i in panels] + ["amdahl"])
+    assert sorted(plot_ids(report)) == sorted(expected)
+
+
+def test_self_contained_plotly_once(report):
+    assert report.count("* plotly.js v") == 1
+    ours = report.replace(plotly.offline.get_plotlyjs(), "")  # the bundle names its CDN itself
+    for external in ("<script src", "cdn.plot.ly", "<link", "http://", "https://"):
+        assert external not in ours
+
+
+def test_crossover_table_names_planted_length(report):
+    rows = table_rows(report, "crossover-table")
+    planted = [r for r in rows if r[:4] == ["1", "per-head", "16", "2k"]]
+    assert len(planted) == 1
+    assert planted[0][4] == "16k"
+    assert planted[0][5].startswith("≈ ")
+
+
+def test_glance_names_planted_crossover_and_speedup(report):
+    rows = table_rows(report, "glance-table")
+    planted = [r for r in rows if r[:3] == ["1", "16", "2k"]]
+    assert planted and planted[0][3] == "16k" and planted[0][4] == "128k"
+    assert planted[0][5] == "1.60x"
+
+
+def test_machine_and_ceilings_listed(report):
+    for text in ("NVIDIA H200", "570.86", "abc1234", "questprof sweep synthetic", "4100.0"):
+        assert text in report
+    assert CPU_BANNER not in report
+
+
+def test_no_measured_bytes_says_how(tmp_path):
+    text = write_report(synthetic(measured=False), META, tmp_path / "r.html").read_text()
+    assert "did not measure DRAM bytes" in text and "questprof bytes --check-formula" in text
+    assert "bytes" not in plot_ids(text) and "rho" not in plot_ids(text)
+    assert "roofline" in plot_ids(text)
+
+
+def test_only_skipped_rows(tmp_path):
+    df = synthetic(lengths=[4096, 8192])
+    df["status"], df["reason"] = "skipped", "KV pool of 90 GiB does not fit in 80 GiB"
+    text = write_report(df, META, tmp_path / "r.html").read_text()
+    assert plot_ids(text) == []
+    assert "does not fit in 80 GiB" in text
+    assert table_rows(text, "skipped-table")[0][1] == str(len(df))
+
+
+def test_single_length(tmp_path):
+    text = write_report(synthetic(lengths=[65536]), META, tmp_path / "r.html").read_text()
+    kinds = {r[4] for r in table_rows(text, "crossover-table")}
+    assert kinds <= {"no crossover in range", "Quest wins from the shortest length (64k)"}
+    assert "heatmap-0" in plot_ids(text)
+
+
+def test_cpu_banner_and_directory_path(tmp_path):
+    df = synthetic(lengths=[2048, 4096], batches=(1,), measured=False)
+    df["backend"] = "numpy"
+    path = write_report(df, {**META, "backend": "numpy", "ceilings": {}}, tmp_path)
+    assert path == tmp_path / "report.html"
+    text = path.read_text()
+    assert CPU_BANNER in text and "no measured ceilings" in text
+
+
+def test_modes_make_panels(tmp_path):
+    df = synthetic(lengths=[4096, 16384], batches=(1,), modes=("per-head", "shared-max"))
+    ids = plot_ids(write_report(df, META, tmp_path / "r.html").read_text())
+    assert {"crossover-0", "crossover-1", "heatmap-1"} <= set(ids)
+
+
+def test_e2e_rows_measured_not_modelled(tmp_path):
+    df = synthetic(lengths=[16384, 65536], batches=(1,), budgets=(2048,), page_sizes=(16,))
+    e2e = pd.DataFrame([{"stage": "e2e", "status": "ok", "batch": 1, "mode": "per-head",
+                         "page_size": 16, "budget": 2048, "length": n, "attention_fraction": f,
+                         "step_ms_dense": 30.0, "step_ms_quest": 30.0 / s,
+                         "predicted_4bit": s * 1.3}
+                        for n, f, s in ((16384, 0.3, 1.2), (65536, 0.6, 1.9))])
+    text = write_report(pd.concat([df, e2e], ignore_index=True), META, tmp_path / "r.html").read_text()
+    assert "amdahl" in plot_ids(text) and "Modelled, not measured" not in text
+    assert "Amdahl, 4-bit weights" in text
+    text = write_report(df, META, tmp_path / "m.html").read_text()
+    assert "Modelled, not measured" in text
+
+
+@pytest.mark.parametrize("speedups, kind, length", [
+    ([0.5, 0.8, 1.2, 2.0], "from", 8192),
+    ([1.1, 1.5, 2.0, 3.0], "always", 2048),
+    ([0.5, 0.8, 0.9, 0.95], "never", None),
+    ([0.5, 1.2, 0.9, 1.5], "from", 16384),  # a dip: Quest must stay ahead to count
+])
+def test_crossover_kinds(speedups, kind, length):
+    curve = pd.DataFrame({"length": [2048, 4096, 8192, 16384], "speedup": speedups})
+    found = frames.crossover(curve.sample(frac=1, random_state=1))
+    assert (found["kind"], found["length"]) == (kind, length)
+    if kind == "from":
+        assert found["length"] / 2 < found["estimate"] < found["length"]
