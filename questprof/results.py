@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from questprof.config import ConfigError
+from questprof.model import STAGES
 
 ROWS = "rows.jsonl"
 PARQUET = "results.parquet"
@@ -32,6 +33,7 @@ COLUMNS = (
 # Beyond the contract: the resume key, the seed and the layers of the timed (cold-cache) pass.
 EXTRA_COLUMNS = ("config_key", "seed", "sim_layers")
 VERDICTS = ("SAME", "FASTER", "SLOWER", "MISSING")
+STAGE_ORDER = (*STAGES, "quest")  # the order of the rows of one configuration
 
 
 def now() -> str:
@@ -173,12 +175,14 @@ def compare(dir_a, dir_b, threshold: float = 0.05) -> pd.DataFrame:
     both = a[cols].merge(b[cols], on=keys, how="outer", suffixes=("_a", "_b"))
     both["verdict"] = [_verdict(row, threshold) for _, row in both.iterrows()]
     both["ratio"] = both["median_ms_b"] / both["median_ms_a"]
-    return both[keys + ["median_ms_a", "median_ms_b", "ratio", "verdict"]]
+    rank = both["stage"].map({s: i for i, s in enumerate(STAGE_ORDER)})
+    both = both.assign(_rank=rank).sort_values([*keys[:-1], "_rank"], kind="stable")
+    return both[keys + ["median_ms_a", "median_ms_b", "ratio", "verdict"]].reset_index(drop=True)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """One line per configuration: dense and quest ms, speedup (dense / quest), rho; skipped as such."""
-    keys = [k for k in ("model", "length", "batch", "page_size", "budget", "mode") if k in df]
+    keys = [k for k in ("length", "batch", "page_size", "budget", "mode") if k in df]
     out = []
     for key, group in df.groupby(keys, sort=False, dropna=False):
         by_stage = {r["stage"]: r for _, r in group.iterrows()}
@@ -190,6 +194,8 @@ def summary_table(df: pd.DataFrame) -> pd.DataFrame:
         line["speedup"] = dense["median_ms"] / quest["median_ms"] if ok else None
         line["rho_formula"] = quest["rho_formula"] if quest is not None else None
         skipped = group[group["status"] != "ok"]["reason"].dropna()
-        line["note"] = skipped.iloc[0] if len(skipped) else (quest["reason"] if ok else "")
+        dense_budget = line.get("budget", 0) >= line.get("length", 1)
+        line["note"] = ("quest = dense (budget >= length)" if dense_budget
+                        else f"skipped: {skipped.iloc[0]}" if len(skipped) else "")
         out.append(line)
     return pd.DataFrame(out)

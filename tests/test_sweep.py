@@ -143,3 +143,17 @@ def test_union_pages():
     sel = np.array([[[0, 2, 3]], [[1, 2, 3]], [[0, 2, 3]], [[0, 2, 3]]], dtype=np.int32)
     assert sweep.union_pages(sel, np.array([3]), group=2) == pytest.approx((4 + 3) / 2)
     assert sweep.union_pages(sel, np.array([2]), group=2) == pytest.approx((3 + 2) / 2)
+
+
+def test_quest_timing_sums_parts_and_keeps_the_lowest_clock(smoke):
+    point = configs(smoke, "1000", "64")[0]
+    part = lambda ms, sm, thr: {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "p95_ms": ms,  # noqa: E731
+                                "method": "cuda-graph", "sm_clock_mhz": sm, "mem_clock_mhz": 3201,
+                                "throttled": thr}
+    timings = {"estimate": part(1.0, 1980, False), "topk": part(2.0, 1700, True),
+               "attention": part(3.0, 1980, False)}
+    quest, why = sweep._quest_timing(point, timings)
+    assert why is None and quest["median_ms"] == 6.0 and quest["method"] == "cuda-graph"
+    assert quest["sm_clock_mhz"] == 1700 and quest["throttled"] is True
+    del timings["topk"]
+    assert sweep._quest_timing(point, timings) == (None, "no timing of topk")
