@@ -1,0 +1,234 @@
+// Decode attention straight from the paged cache (DESIGN.md stage 4, and the dense baseline).
+//
+// A CTA row is (request b, j) serving G query heads j*G .. j*G+G-1 of KV head j*G/g:
+//   dense and shared selections: G = g, so one CTA reads a KV head once for all its q heads;
+//   per-head selections with g > 1: G = 1, each q head walks its own page list.
+// The row's page list (all pages, or sel positions -> kv_indices) is cut into splits of
+// pages_per_split pages (grid.x) so that batch 1 x 32 heads still fills 132 SMs; each split
+// keeps an online softmax and writes (o, lse) to a workspace that merge_kernel combines with
+// log-sum-exp. With one split the CTA writes the final output itself.
+//
+// Inside a CTA, 4 warps take tiles of TT tokens round-robin. A token row of D values is read by
+// LANES = D/8 lanes with 16-byte loads; a warp issues NL K loads and NL V loads (one per TPL-token
+// row group) before using any. Only valid slots of the tail page are loaded; masked slots get
+// score -inf and V = 0 in registers, so NaN or huge values in unused slots never reach the math.
+// Scores are kept in log2 units (q pre-scaled by log2(e)/sqrt(D)); lse is returned in natural log.
+#include "common.cuh"
+
+constexpr int ATT_WARPS = 4;
+constexpr int ATT_NB = 128;  // page ids staged in shared memory per batch
+
+template <int G> struct LoadsInFlight { static constexpr int value = G <= 2 ? 8 : (G == 4 ? 4 : 2); };
+
+struct RowPlan {
+  int b, kv_head, qh0, row_pages, req_pages, tail_len, indptr_b;
+  const int* sel_row;  // nullptr = dense
+};
+
+template <typename T, int D, int S, int G>
+struct Decode {
+  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = LoadsInFlight<G>::value;
+  static constexpr int TT = NL * TPL;  // tokens per warp tile
+  float q[G][VEC], acc[G][VEC], m[G], l[G];
+
+  QP_DEVICE void init(const uint16_t* __restrict__ qb, int c, float scale) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      unpack8<T>(load16(qb + (size_t)h * D + c * VEC), q[h]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
+      m[h] = -__int_as_float(0x7f800000);
+      l[h] = 0.f;
+    }
+  }
+
+  // One tile: tokens tok0 .. tok0+TT-1 of the staged batch (nb pages).
+  QP_DEVICE void tile(const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                      const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
+                      int kv_head, int c, int sub) {
+    uint4 kr[NL], vr[NL];
+    bool ok[NL];
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      const int t = tok0 + i * TPL + sub, pl = t / S, slot = t % S;
+      ok[i] = pl < nb && slot < s_valid[pl];
+      kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
+      if (ok[i]) {
+        const size_t off = (((size_t)s_page[pl] * kv_heads + kv_head) * S + slot) * D + c * VEC;
+        kr[i] = load16_stream(k + off);
+        vr[i] = load16_stream(v + off);
+      }
+    }
+    float s[G][NL], x[VEC];
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      unpack8<T>(kr[i], x);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) dot = fmaf(q[h][j], x[j], dot);
+        dot = group_sum<LANES>(dot);
+        s[h][i] = ok[i] ? dot : -__int_as_float(0x7f800000);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float tmax = s[h][0];
+#pragma unroll
+      for (int i = 1; i < NL; ++i) tmax = fmaxf(tmax, s[h][i]);
+      const float m_new = fmaxf(m[h], across_groups_max<LANES>(tmax));
+      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
+      const float scale = exp2f(m[h] - m_use);
+      l[h] *= scale;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[h][j] *= scale;
+#pragma unroll
+      for (int i = 0; i < NL; ++i) { s[h][i] = exp2f(s[h][i] - m_use); l[h] += s[h][i]; }
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      unpack8<T>(vr[i], x);
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[h][j] = fmaf(s[h][i], x[j], acc[h][j]);
+    }
+  }
+};
+
+QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict__ last_len,
+                           const int* __restrict__ sel, const int* __restrict__ count,
+                           int batch, int q_heads, int kv_heads, int rows_per_req, int k_sel, int G,
+                           int count_per_head) {
+  RowPlan r;
+  const int row = blockIdx.y, j = row % rows_per_req;
+  r.b = row / rows_per_req;
+  r.qh0 = j * G;
+  r.kv_head = r.qh0 / (q_heads / kv_heads);
+  r.indptr_b = indptr[r.b];
+  r.req_pages = indptr[r.b + 1] - r.indptr_b;
+  r.tail_len = last_len[r.b];
+  r.sel_row = sel ? sel + ((size_t)j * batch + r.b) * k_sel : nullptr;
+  r.row_pages = sel ? count[count_per_head ? (size_t)j * batch + r.b : r.b] : r.req_pages;
+  return r;
+}
+
+// Combine the 4 warps' states through shared memory and write (o, lse) of this split.
+template <typename T, int D, int S, int G>
+QP_DEVICE void finish(Decode<T, D, S, G>& st, const RowPlan& r, int c, int q_heads, int splits,
+                      uint16_t* __restrict__ out, float* __restrict__ lse,
+                      float* __restrict__ ws_o, float* __restrict__ ws_lse) {
+  constexpr int LANES = Decode<T, D, S, G>::LANES;
+  __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    const float l = across_groups_sum<LANES>(st.l[h]);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float a = across_groups_sum<LANES>(st.acc[h][j]);
+      if (lane < LANES) s_acc[warp][h][c * VEC + j] = a;
+    }
+    if (lane == 0) { s_m[warp][h] = st.m[h]; s_l[warp][h] = l; }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int h = idx / D, dim = idx % D;
+    float M = s_m[0][h];
+#pragma unroll
+    for (int w = 1; w < ATT_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
+    const float M_use = M == -__int_as_float(0x7f800000) ? 0.f : M;
+    float L = 0.f, A = 0.f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; ++w) {
+      const float f = exp2f(s_m[w][h] - M_use);
+      L += s_l[w][h] * f;
+      A += s_acc[w][h][dim] * f;
+    }
+    const float o = L > 0.f ? A / L : 0.f, lse2 = L > 0.f ? M + log2f(L) : M;
+    if (splits == 1) {
+      const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
+      out[qh * D + dim] = Storage<T>::from_float(o);
+      if (dim == 0) lse[qh] = lse2 * LN2;
+    } else {
+      const size_t slot = ((size_t)blockIdx.y * splits + blockIdx.x) * G + h;
+      ws_o[slot * D + dim] = o;
+      if (dim == 0) ws_lse[slot] = lse2;
+    }
+  }
+}
+
+// grid (splits, B * rows_per_req), block 128. sel == nullptr: dense over all pages.
+// count is [B], or [Hs, B] when count_per_head (selections of different sizes per head); a row
+// with no page writes out = 0 and lse = -inf, a partial that a log-sum-exp merge ignores.
+template <typename T, int D, int S, int G>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
+                 const uint16_t* __restrict__ v, const int* __restrict__ indptr,
+                 const int* __restrict__ indices, const int* __restrict__ last_len,
+                 const int* __restrict__ sel, const int* __restrict__ count, int batch,
+                 int q_heads, int kv_heads, int rows_per_req, int k_sel, int count_per_head,
+                 int pages_per_split, float scale_log2, uint16_t* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ ws_o, float* __restrict__ ws_lse) {
+  using St = Decode<T, D, S, G>;
+  __shared__ int s_page[ATT_NB], s_valid[ATT_NB];
+  const int splits = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int c = lane % St::LANES, sub = lane / St::LANES;
+  const RowPlan r = plan_row(indptr, last_len, sel, count, batch, q_heads, kv_heads,
+                             rows_per_req, k_sel, G, count_per_head);
+  St st;
+  st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, c, scale_log2);
+  const int p_begin = blockIdx.x * pages_per_split;
+  const int p_end = min(r.row_pages, p_begin + pages_per_split);
+  for (int p0 = p_begin; p0 < p_end; p0 += ATT_NB) {
+    const int nb = min(ATT_NB, p_end - p0);
+    __syncthreads();  // the previous batch's ids are no longer read
+    for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+      const int pos = r.sel_row ? r.sel_row[p0 + i] : p0 + i;
+      s_page[i] = indices[r.indptr_b + pos];
+      s_valid[i] = pos == r.req_pages - 1 ? r.tail_len : S;
+    }
+    __syncthreads();
+    const int tiles = (nb * S + St::TT - 1) / St::TT;
+    for (int t = warp; t < tiles; t += ATT_WARPS) {
+      const int tok0 = t * St::TT;
+      if (S >= St::TT && tok0 % S >= s_valid[tok0 / S]) continue;  // tile past the tail's end
+      st.tile(k, v, s_page, s_valid, nb, tok0, kv_heads, r.kv_head, c, sub);
+    }
+  }
+  finish<T, D, S, G>(st, r, c, q_heads, splits, out, lse, ws_o, ws_lse);
+}
+
+// grid (B * rows_per_req), block G * D: log-sum-exp merge of the splits of one row.
+template <typename T>
+__global__ void merge_kernel(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
+                             uint16_t* __restrict__ out, float* __restrict__ lse, int splits,
+                             int G, int D, int q_heads, int rows_per_req) {
+  const int h = threadIdx.x / D, dim = threadIdx.x % D, row = blockIdx.x;
+  const size_t base = (size_t)row * splits * G + h;
+  float M = -__int_as_float(0x7f800000);
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_lse[base + (size_t)s * G]);
+  const float M_use = M == -__int_as_float(0x7f800000) ? 0.f : M;  // a row with no page at all
+  float W = 0.f, A = 0.f;
+  for (int s = 0; s < splits; ++s) {
+    const float w = exp2f(ws_lse[base + (size_t)s * G] - M_use);  // empty split: exp2(-inf) = 0
+    W += w;
+    A += w * ws_o[(base + (size_t)s * G) * D + dim];
+  }
+  const size_t qh = (size_t)(row / rows_per_req) * q_heads + (row % rows_per_req) * G + h;
+  out[qh * D + dim] = Storage<T>::from_float(W > 0.f ? A / W : 0.f);
+  if (dim == 0) lse[qh] = W > 0.f ? (M_use + log2f(W)) * LN2 : M;
+}
+
+#ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
+#define QP_ATT(T, D, S, G) template __global__ void attention_kernel<T, D, S, G>( \
+    const uint16_t*, const uint16_t*, const uint16_t*, const int*, const int*, const int*,  \
+    const int*, const int*, int, int, int, int, int, int, int, float, uint16_t*, float*, float*, float*);
+#define QP_ATT_G(T, D, S) QP_ATT(T, D, S, 1) QP_ATT(T, D, S, 2) QP_ATT(T, D, S, 4) QP_ATT(T, D, S, 8)
+#define QP_ATT_S(T, D) QP_ATT_G(T, D, 8) QP_ATT_G(T, D, 16) QP_ATT_G(T, D, 32) QP_ATT_G(T, D, 64)
+QP_ATT_S(fp16, 64) QP_ATT_S(fp16, 128) QP_ATT_S(bf16, 64) QP_ATT_S(bf16, 128)
+template __global__ void merge_kernel<fp16>(const float*, const float*, uint16_t*, float*, int, int, int, int, int);
+template __global__ void merge_kernel<bf16>(const float*, const float*, uint16_t*, float*, int, int, int, int, int);
+#endif

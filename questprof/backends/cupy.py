@@ -1,0 +1,233 @@
+"""The CuPy backend: the Quest stages as CUDA kernels from kernels/*.cu (RawModule, NVRTC).
+
+Three layers per kernel: `_kernel` (cached module of one template instance), a launcher named
+after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
+current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import cupy
+import numpy as np
+
+from questprof import KERNELS_DIR
+from questprof.layout import AppendPlan, PagedKV, storage_dtype
+from questprof.reference import MODES, reserved_positions
+
+_TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common.cuh
+GROUPS = (1, 2, 4, 8)  # q heads per CTA the kernels are instantiated for
+HEAD_DIMS = (64, 128)
+PAGE_SIZES = (8, 16, 32, 64)
+EST_THREADS, EST_UNROLL = 256, 4  # kernels/estimate.cu
+TK_THREADS = 1024  # kernels/topk.cu
+TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
+ATT_WARPS = 4  # kernels/attention.cu
+CTAS_PER_SM = 4  # attention splits target: 4 CTAs of 128 threads per SM fill it (<=128 regs)
+_NULL = np.uint64(0)  # a null pointer argument
+_i32 = np.int32
+
+
+@functools.cache
+def _module(stage: str, expression: str) -> cupy.RawModule:
+    """RawModule of kernels/<stage>.cu holding one kernel instance; errors name the real file."""
+    source = (KERNELS_DIR / f"{stage}.cu").read_text(encoding="utf-8")
+    code = f'#line 1 "kernels/{stage}.cu"\n{source}'
+    options = ("-std=c++17", f"-I{KERNELS_DIR}")
+    return cupy.RawModule(code=code, options=options, name_expressions=(expression,))
+
+
+@functools.cache
+def _kernel(stage: str, expression: str) -> cupy.RawKernel:
+    return _module(stage, expression).get_function(expression)
+
+
+@functools.cache
+def _sm_count() -> int:
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def _tag(dtype: str) -> str:
+    if dtype not in _TAGS:
+        raise ValueError(f"the cupy kernels are built for fp16 and bf16, not {dtype!r}")
+    return _TAGS[dtype]
+
+
+def _check_kv(kv: PagedKV) -> None:
+    _tag(kv.dtype)
+    if kv.head_dim not in HEAD_DIMS or kv.page_size not in PAGE_SIZES:
+        raise ValueError(f"head_dim {kv.head_dim} / page size {kv.page_size} not built: "
+                         f"expected head_dim in {HEAD_DIMS}, page size in {PAGE_SIZES}")
+    want = storage_dtype(kv.dtype)
+    for name in ("k", "v", "summary"):
+        arr = getattr(kv, name)
+        if arr.dtype != want or not arr.flags.c_contiguous:
+            raise ValueError(f"kv.{name} must be C-contiguous {want}, got {arr.dtype}")
+    for name in ("kv_indptr", "kv_indices", "last_page_len"):
+        if getattr(kv, name).dtype != np.int32:
+            raise ValueError(f"kv.{name} must be int32")
+
+
+def _check_q(q, kv: PagedKV) -> tuple[int, int]:
+    """(q_heads, group) of q [B, Hq, d] against the cache."""
+    if q.ndim != 3 or q.shape[0] != kv.batch or q.shape[2] != kv.head_dim:
+        raise ValueError(f"q must be [{kv.batch}, Hq, {kv.head_dim}], got {tuple(q.shape)}")
+    if q.dtype != storage_dtype(kv.dtype) or not q.flags.c_contiguous:
+        raise ValueError(f"q must be C-contiguous {storage_dtype(kv.dtype)}, got {q.dtype}")
+    q_heads = int(q.shape[1])
+    if q_heads % kv.kv_heads:
+        raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv.kv_heads}")
+    return q_heads, q_heads // kv.kv_heads
+
+
+def _group(g: int) -> int:
+    if g not in GROUPS:
+        raise ValueError(f"{g} q heads per KV head is not built: expected one of {GROUPS}")
+    return g
+
+
+def _device_int32(x):
+    return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
+
+
+def summary(kv: PagedKV, plan: AppendPlan) -> None:
+    """Apply `plan` to kv.summary [N, Hkv, 2, d] in place (slots [first, end) of each page)."""
+    _check_kv(kv)
+    if len(plan) == 0:
+        return
+    if not isinstance(plan.end, cupy.ndarray):
+        first, end = np.asarray(plan.first), np.asarray(plan.end)
+        if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
+            raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
+    args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
+    kernel = _kernel("summary", f"summary_kernel<{_tag(kv.dtype)}, {kv.head_dim}>")
+    kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size)))
+
+
+def estimate(q, kv: PagedKV, mode: str = "per-head"):
+    """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
+    _check_kv(kv)
+    if mode not in MODES:
+        raise ValueError(f"unknown selection mode {mode!r}: expected one of {MODES}")
+    q_heads, g = _check_q(q, kv)
+    nnz, d = int(kv.kv_indices.size), kv.head_dim
+    heads = q_heads if mode == "per-head" else kv.kv_heads
+    scores = cupy.empty((heads, nnz), dtype=cupy.float32)
+    units_per_block = EST_UNROLL * EST_THREADS // (d // 8)
+    grid = -(-nnz * kv.kv_heads // units_per_block)
+    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {_group(g)}, {MODES.index(mode)}>"
+    _kernel("estimate", expr)((grid,), (EST_THREADS,), (
+        q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
+        _i32(nnz)))
+    return scores
+
+
+def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
+    """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32)."""
+    nnz = int(kv.kv_indices.size)
+    if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
+        raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
+    if k_pages < 1 or sinks < 0 or window < 0:
+        raise ValueError(f"k_pages {k_pages} must be >= 1, sinks and window >= 0")
+    reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
+    heads, batch = int(scores.shape[0]), kv.batch
+    sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
+    count = cupy.empty(batch, dtype=cupy.int32)
+    smem = max(kv.pages()) * 4
+    cached = smem <= TK_SMEM_LIMIT
+    kernel = _kernel("topk", "topk_kernel")
+    kernel.max_dynamic_shared_size_bytes = smem if cached else 0
+    kernel((batch, heads), (TK_THREADS,), (
+        cupy.ascontiguousarray(scores), kv.kv_indptr, sel, count, _i32(batch), _i32(nnz),
+        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)), shared_mem=smem if cached else 0)
+    return sel, count
+
+
+def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tuple[int, int]:
+    """(splits, pages per split): about CTAS_PER_SM CTAs per SM, each warp >= 2 tiles."""
+    min_pages = max(1, -(-2 * ATT_WARPS * tile_tokens // page_size))
+    want = max(1, -(-CTAS_PER_SM * _sm_count() // rows))
+    per_split = max(min_pages, -(-row_pages // want))
+    return -(-row_pages // per_split), per_split
+
+
+def _rows(q_heads: int, g: int, kv: PagedKV, sel, count) -> tuple[int, int, int]:
+    """(G q heads per CTA, pages of the longest row, K) for dense (sel None) or a selection."""
+    if sel is None:
+        return g, max(kv.pages()), 1
+    if sel.ndim != 3 or sel.shape[1] != kv.batch or sel.dtype != cupy.int32:
+        raise ValueError(f"sel must be int32 [Hs, {kv.batch}, K], got {sel.dtype} {sel.shape}")
+    heads, k_sel = int(sel.shape[0]), int(sel.shape[2])
+    if heads not in (q_heads, kv.kv_heads):
+        raise ValueError(f"sel has {heads} heads: expected q_heads {q_heads} or kv_heads {kv.kv_heads}")
+    if count is None or count.shape not in ((kv.batch,), (heads, kv.batch)) or count.dtype != cupy.int32:
+        raise ValueError(f"count must be int32 [{kv.batch}] or [{heads}, {kv.batch}]")
+    return q_heads // heads, min(k_sel, max(kv.pages())), k_sel
+
+
+def attention(q, kv: PagedKV, sel=None, count=None):
+    """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
+
+    count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
+    """
+    _check_kv(kv)
+    q_heads, g = _check_q(q, kv)
+    G, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
+    d, tag = kv.head_dim, _tag(kv.dtype)
+    rows = kv.batch * (q_heads // _group(G))
+    tile = (8 if G <= 2 else 4 if G == 4 else 2) * (32 // (d // 8))
+    splits, per_split = _splits(rows, max(row_pages, 1), kv.page_size, tile)
+    out = cupy.empty(q.shape, dtype=q.dtype)
+    lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
+    ws_o = ws_lse = _NULL
+    if splits > 1:
+        ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
+        ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
+    expr = f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>"
+    _kernel("attention", expr)((splits, rows), (ATT_WARPS * 32,), (
+        q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
+        _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
+        _i32(q_heads), _i32(kv.kv_heads), _i32(q_heads // G), _i32(k_sel),
+        _i32(sel is not None and count.ndim == 2), _i32(per_split),
+        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse))
+    if splits > 1:
+        _kernel("attention", f"merge_kernel<{tag}>")((rows,), (G * d,), (
+            ws_o, ws_lse, out, lse, _i32(splits), _i32(G), _i32(d), _i32(q_heads),
+            _i32(q_heads // G)))
+    return out, lse
+
+
+class CupyBackend:
+    """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream."""
+
+    name = "cupy"
+    is_gpu = True
+
+    def __init__(self) -> None:
+        self.fallback_reason: str | None = None
+
+    def put(self, host_kv: PagedKV) -> PagedKV:
+        return host_kv.with_arrays(cupy.asarray)
+
+    def asarray(self, host_array):
+        return cupy.asarray(host_array)
+
+    def to_host(self, array):
+        return cupy.asnumpy(array)
+
+    def synchronize(self) -> None:
+        cupy.cuda.get_current_stream().synchronize()
+
+    def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
+        summary(kv, plan)
+
+    def estimate(self, q, kv: PagedKV, mode: str = "per-head"):
+        return estimate(q, kv, mode)
+
+    def topk(self, scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
+        return topk(scores, kv, k_pages, sinks, window)
+
+    def attention(self, q, kv: PagedKV, sel=None, count=None):
+        return attention(q, kv, sel, count)

@@ -1,0 +1,68 @@
+"""Shared fixtures: the `gpu` marker skips cleanly without CuPy or a device; seeded inputs."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from questprof import reference
+from questprof.backends import gpu_unavailable_reason
+from questprof.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
+
+TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-5}  # ||out - ref|| / ||ref|| against float64
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    reason = gpu_unavailable_reason() if gpu_items else None
+    if reason:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {reason}"))
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """The CuPy backend (only requested by tests marked `gpu`)."""
+    from questprof.backends.cupy import CupyBackend
+    return CupyBackend()
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: fresh inputs per test, reproducible per run."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def poison() -> None:
+    """Fill free CuPy pool memory with 0x7F bytes so outputs a kernel never writes show up
+    (NaN in fp16, 3.4e38 in fp32 / bf16, 0x7F7F7F7F in int32)."""
+    import cupy
+    junk = cupy.empty(64 << 20, dtype=cupy.uint8)
+    junk.fill(0x7F)
+    cupy.cuda.get_current_stream().synchronize()
+    del junk
+
+
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    assert np.isfinite(out).all(), "non-finite values in the output"
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def full_plan(kv):
+    """Rebuild plan of every page of every request (a prefill of all valid slots)."""
+    indptr, indices, last = (np.asarray(x) for x in (kv.kv_indptr, kv.kv_indices, kv.last_page_len))
+    valid = np.full(len(indices), kv.page_size, dtype=np.int32)
+    valid[indptr[1:] - 1] = last
+    return rebuild_plan(indices, valid)
+
+
+def make_case(rng, lengths, page_size, kv_heads, head_dim, dtype, **kwargs):
+    """Host cache with summaries built by the reference (so later stages test alone)."""
+    kv = random_paged_kv(rng, lengths, page_size, kv_heads, head_dim, dtype, **kwargs)
+    summ = reference.summary(from_storage(kv.summary, dtype), from_storage(kv.k, dtype),
+                             full_plan(kv))
+    kv.summary[...] = to_storage(summ, dtype)
+    return kv

@@ -1,0 +1,67 @@
+"""Top-K kernel: exactly the reference's page set, fed the same float32 scores."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import poison
+from questprof import reference
+from questprof.layout import PagedKV, page_tables
+
+pytestmark = pytest.mark.gpu
+
+
+def _tables(gpu, lengths, page_size=16):
+    """A PagedKV holding only page tables (top-K reads no keys)."""
+    nnz = sum(-(-n // page_size) for n in lengths)
+    indptr, indices, last = page_tables(lengths, page_size, nnz)
+    arrays = {name: gpu.asarray(x) for name, x in
+              (("kv_indptr", indptr), ("kv_indices", indices), ("last_page_len", last))}
+    return PagedKV(None, None, None, lengths=tuple(lengths), page_size=page_size,
+                   dtype="fp16", **arrays), indptr
+
+
+def _check(gpu, scores, lengths, k_pages, sinks=0, window=0):
+    kv, indptr = _tables(gpu, lengths)
+    want_sel, want_count = reference.topk(scores, indptr, k_pages, sinks, window)
+    poison()
+    sel, count = gpu.topk(gpu.asarray(scores), kv, k_pages, sinks, window)
+    np.testing.assert_array_equal(gpu.to_host(count), want_count)
+    np.testing.assert_array_equal(gpu.to_host(sel), want_sel)
+
+
+@pytest.mark.parametrize("k_pages", [1, 4, 16, 64])
+def test_ragged_small(gpu, rng, k_pages):
+    lengths = [1, 16 * k_pages, 16 * k_pages + 1, 16 * 300 + 7, 33]
+    nnz = sum(-(-n // 16) for n in lengths)
+    _check(gpu, rng.standard_normal((3, nnz), dtype=np.float32), lengths, k_pages)
+
+
+def test_ties_go_to_lower_positions(gpu, rng):
+    lengths = [16 * 2000, 16 * 77]
+    scores = rng.integers(-3, 3, size=(4, 2077)).astype(np.float32)
+    scores[0, :50] = -0.0  # -0 ties with +0
+    _check(gpu, scores, lengths, 256)
+
+
+@pytest.mark.parametrize("sinks,window", [(1, 0), (4, 8), (2, 1), (0, 31)])
+def test_sinks_and_window_count_in_budget(gpu, rng, sinks, window):
+    lengths = [16 * 500, 16 * 40 - 3, 16 * 33]
+    nnz = sum(-(-n // 16) for n in lengths)
+    _check(gpu, rng.standard_normal((2, nnz), dtype=np.float32), lengths, 32, sinks, window)
+
+
+@pytest.mark.parametrize("pages,k_pages", [(16384, 1024), (16384, 256), (8192, 256),
+                                           (60000, 512)])
+def test_long_rows(gpu, rng, pages, k_pages):
+    """16384 pages = 128K tokens at S = 8; 60000 pages overflow shared memory (global path)."""
+    lengths = [16 * pages, 16 * 3 + 1]
+    scores = rng.standard_normal((2, pages + 4), dtype=np.float32)
+    _check(gpu, scores, lengths, k_pages)
+
+
+def test_budget_too_small_for_reservations(gpu, rng):
+    kv, _ = _tables(gpu, [160])
+    with pytest.raises(ValueError):
+        gpu.topk(gpu.asarray(rng.standard_normal((1, 10), dtype=np.float32)), kv, 4, 3, 2)
