@@ -268,7 +268,9 @@ def run_bench(cases: list[Config] | None = None, repeats: int = 20, graph: bool 
     for cfg in cases if cases is not None else default_cases():
         log(f"case {cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
             f"budget={cfg.budget} {cfg.mode} ({_layers(cfg)} layers)")
-        rows += run_case(backend, cfg, read_gbs, repeats, graph, with_peers)
+        case_rows = run_case(backend, cfg, read_gbs, repeats, graph, with_peers)
+        log(format_table(case_rows))
+        rows += case_rows
     return rows
 
 
