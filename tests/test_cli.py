@@ -1,0 +1,151 @@
+"""The command line through Typer's CliRunner: exit codes, one-line errors, files on disk."""
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from questprof import SCENARIOS_DIR, results, sweep
+from questprof.cli import app
+
+FAST = ["--repeats", "2", "--warmup", "0"]
+
+
+def run(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def assert_one_line_error(result):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_help():
+    result = run("--help")
+    assert result.exit_code == 0
+    for command in ("sweep", "doctor", "report", "compare"):
+        assert command in result.output
+
+
+def test_smoke_sweep_without_gpu_leaves_results_and_report(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    start = time.perf_counter()
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k..16k")
+    assert result.exit_code == 0, result.output
+    assert time.perf_counter() - start < 60
+    (out_dir,) = (tmp_path / "reports").iterdir()
+    assert out_dir.name.startswith("smoke-")
+    for name in ("results.parquet", "meta.json", "report.html"):
+        assert (out_dir / name).is_file(), name
+    df, meta = results.load(out_dir)
+    if meta["backend"] == "numpy":
+        assert "No usable GPU" in result.stderr
+        assert "times are CPU times, not GPU kernel times" in result.stderr
+    assert len(df) == 4 * len(sweep.STAGES) and set(df["status"]) == {"ok"}
+    assert meta["finished"] and meta["scenario"] == "smoke" and "machine" in meta
+    assert "speedup" in result.stdout
+
+
+BAD_INPUTS = [
+    ["--lengths", "128k..2k"],
+    ["--lengths", "2x..4k"],
+    ["--lengths", "0..4k"],
+    ["--page-size", "0"],
+    ["--page-size", "12"],
+    ["--budget", "0"],
+    ["--budget", "20", "--page-size", "16"],
+    ["--batch", "0"],
+    ["--mode", "per-layer"],
+    ["--backend", "tpu"],
+    ["--layers", "0"],
+    ["--repeats", "0"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_INPUTS, ids=lambda a: " ".join(a))
+def test_bad_input_is_one_line_and_status_2(args, tmp_path):
+    assert_one_line_error(run("sweep", "--scenario", "smoke", "--out", tmp_path / "o", *args))
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_scenario(tmp_path):
+    line = assert_one_line_error(run("sweep", "--scenario", "no-such-scenario"))
+    assert "no-such-scenario" in line and "smoke" in line
+
+
+SMOKE = SCENARIOS_DIR / "smoke.toml"
+
+
+@pytest.mark.parametrize("edit, word", [
+    (lambda t: t.replace("head_dim = 64\n", ""), "head_dim"),       # missing field
+    (lambda t: t.replace("head_dim = 64", 'head_dim = "64"'), "head_dim"),  # mistyped value
+    (lambda t: t.replace("kv_heads = 2", "kv_head = 2"), "kv_head"),  # misspelt name
+])
+def test_broken_scenario_file(tmp_path, edit, word):
+    path = tmp_path / "broken.toml"
+    path.write_text(edit(SMOKE.read_text()))
+    line = assert_one_line_error(run("sweep", "--scenario", path))
+    assert word in line and "broken.toml" in line
+
+
+def test_ctrl_c_keeps_rows_and_resume_finishes(tmp_path, monkeypatch):
+    out_dir = tmp_path / "run"
+    real, calls = sweep.time_layers, []
+
+    def interrupt_on_ninth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 9:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "time_layers", interrupt_on_ninth)
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--out", out_dir, *FAST)
+    assert result.exit_code == 130
+    assert "interrupted" in result.stderr and "--resume" in result.stderr
+    kept = results.read_rows(out_dir)
+    assert len(kept) == 9  # 2k: 5 timed stages + quest; 4k: 3 stages, the 4th was interrupted
+    assert (out_dir / results.PARQUET).is_file()
+    monkeypatch.setattr(sweep, "time_layers", real)
+    result = run("sweep", "--resume", out_dir)  # scenario and lengths come from meta.json
+    assert result.exit_code == 0, result.output
+    rows = results.read_rows(out_dir)
+    assert len(rows) == 2 * len(sweep.STAGES)
+    assert len({(r["config_key"], r["stage"]) for r in rows}) == len(rows)
+    assert rows[:9] == kept
+
+
+def test_report_and_compare(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        assert run("sweep", "--scenario", "smoke", "--lengths", "2k", "--out", d,
+                   *FAST).exit_code == 0
+    (a / "report.html").unlink()
+    assert run("report", a).exit_code == 0 and (a / "report.html").is_file()
+    same = run("compare", a, a)
+    assert same.exit_code == 0 and "SLOWER" not in same.stdout
+    # CPU times of two repeats are noisy: give both runs tight spreads, B ten times slower.
+    for d, factor in ((a, 1), (b, 10)):
+        rows = [{**r, "median_ms": 10.0 * factor, "p20_ms": 9.9 * factor, "p80_ms": 10.1 * factor}
+                if r["status"] == "ok" else r for r in results.read_rows(a)]
+        (d / results.ROWS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    slower = run("compare", a, b, "--threshold", "0.1")
+    assert slower.exit_code == 1 and "SLOWER" in slower.stdout
+    as_json = run("compare", a, b, "--json")
+    assert {json.loads(line)["verdict"] for line in as_json.stdout.splitlines()} == {"SLOWER"}
+
+
+def test_report_and_compare_bad_directories(tmp_path):
+    assert_one_line_error(run("report", tmp_path / "nope"))
+    assert_one_line_error(run("compare", tmp_path, tmp_path))
+    assert_one_line_error(run("compare", tmp_path, tmp_path, "--threshold", "-1"))
+
+
+def test_doctor_lists_every_item():
+    result = run("doctor")
+    assert result.exit_code == 0
+    for item in ("GPU", "driver", "CuPy", "CUPTI", "ncu", "NVML", "torch"):
+        assert item in result.stdout
