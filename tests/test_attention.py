@@ -95,3 +95,9 @@ def test_page_order_and_batch_invariance(gpu, rng):
     alone = type(kv)(kv.k, kv.v, kv.summary, np.array([0, 71], np.int32), ids[:71],
                      kv.last_page_len[:1], kv.lengths[:1], 16, "fp16")
     np.testing.assert_allclose(_run(gpu, alone, q[:1])[0], both[:1], rtol=2e-3, atol=2e-3)
+
+
+def test_many_rows_long_splits(gpu, rng):
+    """256 CTA rows with >1024 pages: the launcher caps a split at 512 staged pages."""
+    lengths = [8 * 1040 + 3, 5, 8 * 1100, 8 * 600]
+    _check(gpu, *_case(rng, lengths, 8, 64, 64, 64, "fp16"))

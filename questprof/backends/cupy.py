@@ -21,11 +21,13 @@ _TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common
 GROUPS = (1, 2, 4, 8)  # q heads per CTA the kernels are instantiated for
 HEAD_DIMS = (64, 128)
 PAGE_SIZES = (8, 16, 32, 64)
-EST_THREADS, EST_UNROLL = 256, 4  # kernels/estimate.cu
+EST_THREADS, EST_UNROLL = 256, 8  # kernels/estimate.cu
 TK_THREADS = 1024  # kernels/topk.cu
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 ATT_WARPS = 4  # kernels/attention.cu
-CTAS_PER_SM = 4  # attention splits target: 4 CTAs of 128 threads per SM fill it (<=128 regs)
+ATT_PIPE = {1: (8, 3), 2: (8, 3), 4: (4, 4), 8: (2, 6)}  # G -> (loads per lane NL, ring stages NS)
+ATT_MAX_PAGES = 512  # pages of one split staged in shared memory (kernels/attention.cu)
+CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 2) fit 2 per SM
 _NULL = np.uint64(0)  # a null pointer argument
 _i32 = np.int32
 
@@ -149,7 +151,7 @@ def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tupl
     """(splits, pages per split): about CTAS_PER_SM CTAs per SM, each warp >= 2 tiles."""
     min_pages = max(1, -(-2 * ATT_WARPS * tile_tokens // page_size))
     want = max(1, -(-CTAS_PER_SM * _sm_count() // rows))
-    per_split = max(min_pages, -(-row_pages // want))
+    per_split = min(ATT_MAX_PAGES, max(min_pages, -(-row_pages // want)))
     return -(-row_pages // per_split), per_split
 
 
@@ -177,21 +179,23 @@ def attention(q, kv: PagedKV, sel=None, count=None):
     G, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
     d, tag = kv.head_dim, _tag(kv.dtype)
     rows = kv.batch * (q_heads // _group(G))
-    tile = (8 if G <= 2 else 4 if G == 4 else 2) * (32 // (d // 8))
-    splits, per_split = _splits(rows, max(row_pages, 1), kv.page_size, tile)
+    loads, stages = ATT_PIPE[G]
+    splits, per_split = _splits(rows, max(row_pages, 1), kv.page_size, loads * (32 // (d // 8)))
+    ring = ATT_WARPS * stages * 2 * loads * 32 * 16  # bytes of the 4 warps' cp.async rings
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
     ws_o = ws_lse = _NULL
     if splits > 1:
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
-    expr = f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>"
-    _kernel("attention", expr)((splits, rows), (ATT_WARPS * 32,), (
+    kernel = _kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>")
+    kernel.max_dynamic_shared_size_bytes = ring
+    kernel((splits, rows), (ATT_WARPS * 32,), (
         q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
         _i32(q_heads), _i32(kv.kv_heads), _i32(q_heads // G), _i32(k_sel),
         _i32(sel is not None and count.ndim == 2), _i32(per_split),
-        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse))
+        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse), shared_mem=ring)
     if splits > 1:
         _kernel("attention", f"merge_kernel<{tag}>")((rows,), (G * d,), (
             ws_o, ws_lse, out, lse, _i32(splits), _i32(G), _i32(d), _i32(q_heads),
