@@ -27,7 +27,8 @@ L2_FACTOR = 4  # pools of all simulated layers >= 4x L2: a pass cannot be served
 L2_DEFAULT = 60 * 1024 * 1024  # H200, when the device's own figure is unknown
 TILE = (1 << 22) + 40  # random values tiled into the pools; not a multiple of any page size
 ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-byte aligned
-FREE_FRACTION = 0.9  # use at most this share of free GPU memory
+FREE_FRACTION = 0.9  # use at most this share of free memory
+HOST_COPIES = 6  # NumPy backend: the pool, and float64 copies of K and V in reference.attention
 DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
 Progress = Callable[[dict, int, int], None]
 
@@ -88,10 +89,21 @@ def sim_layers(cfg, backend, layers: int | None = None) -> int:
     return max(1, min(cfg.model.layers, need))
 
 
-def free_bytes(backend) -> int | None:
-    """Free device memory in bytes (CuPy's cached blocks included); None on a CPU backend."""
-    if not backend.is_gpu:
+def _host_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
         return None
+
+
+def free_bytes(backend) -> int | None:
+    """Free memory in bytes where the pools live: the GPU's (CuPy's cached blocks included),
+    or the host's available memory for a CPU backend; None when unknown."""
+    if not backend.is_gpu:
+        return _host_available()
     import cupy
 
     pool = cupy.get_default_memory_pool()
@@ -99,16 +111,16 @@ def free_bytes(backend) -> int | None:
 
 
 def fit_reason(cfg, backend, layers: int) -> str | None:
-    """Why `layers` pools of cfg do not fit in free GPU memory, or None when they do."""
+    """Why `layers` pools of cfg do not fit in free memory, or None when they do."""
     free = free_bytes(backend)
     if free is None:
         return None
-    elem = np.dtype(np.float32).itemsize
-    need = layers * model.kv_pool_bytes(cfg) + 4 * TILE * elem
+    copies = 1 if backend.is_gpu else HOST_COPIES
+    need = copies * layers * model.kv_pool_bytes(cfg) + 4 * TILE * 4
     if need <= FREE_FRACTION * free:
         return None
-    gib = 1 << 30
-    return (f"needs {need / gib:.1f} GiB of GPU memory for {layers} layer(s), "
+    gib, where = 1 << 30, "GPU" if backend.is_gpu else "host"
+    return (f"needs {need / gib:.1f} GiB of {where} memory for {layers} layer(s), "
             f"{free / gib:.1f} GiB free")
 
 

@@ -122,7 +122,7 @@ def test_a_configuration_too_big_for_free_memory_is_skipped(tmp_path, smoke, mon
     monkeypatch.setattr(sweep, "free_bytes", lambda backend: 1 << 20)
     rows = sweep.run_sweep(smoke, configs(smoke, "256", "64"), NumpyBackend(), tmp_path, **FAST)
     assert {r["status"] for r in rows} == {"skipped"}
-    assert "GiB of GPU memory" in rows[0]["reason"]
+    assert "GiB of host memory" in rows[0]["reason"]
 
 
 class FakeGpu:
