@@ -96,8 +96,8 @@ def _write_report(out_dir: Path) -> None:
     try:
         from questprof.report import write_report
     except ImportError as exc:
-        err.print(f"[yellow]report.html not written: questprof.report is not available ({escape(str(exc))})"
-                  "[/yellow]", highlight=False)
+        err.print("[yellow]report.html not written: questprof.report is not available "
+                  f"({escape(str(exc))})[/yellow]", highlight=False)
         return
     df, meta = results.load(out_dir)
     path = write_report(df, meta, out_dir / "report.html")
@@ -156,6 +156,7 @@ def _run(scenario, configs, backend, out_dir: Path, args: dict, resume: bool) ->
 
 
 def _interrupted(out_dir: Path) -> None:
+    """One line on what Ctrl-C left on disk, then exit 130."""
     from questprof import results
 
     kept = len(results.read_rows(out_dir))
@@ -173,12 +174,14 @@ def sweep(
     lengths: Annotated[Optional[str], typer.Option(
         help="Context lengths in tokens: '2k..128k' (doubling), '1k..8k+1k', '4k,100000'")] = None,
     batch: Annotated[Optional[str], typer.Option(help="Batch sizes, e.g. '1,8' or '1..16'")] = None,
-    page_size: Annotated[Optional[str], typer.Option(help="Page sizes in tokens: 8, 16, 32, 64")] = None,
+    page_size: Annotated[Optional[str], typer.Option(
+        help="Page sizes in tokens: 8, 16, 32, 64")] = None,
     budget: Annotated[Optional[str], typer.Option(
         help="Token budgets, whole pages, e.g. '512..4096'")] = None,
     mode: Annotated[Optional[str], typer.Option(
         help="GQA selection modes, comma-separated: per-head, shared-max, shared-mean")] = None,
-    backend: Annotated[Optional[str], typer.Option(help="auto, cupy or numpy [default: auto]")] = None,
+    backend: Annotated[Optional[str], typer.Option(
+        help="auto, cupy or numpy [default: auto]")] = None,
     layers: Annotated[Optional[int], typer.Option(
         help="Simulated layers per timed pass [default: >= 4x L2 on a GPU, 1 on the CPU]")] = None,
     repeats: Annotated[Optional[int], typer.Option(
@@ -188,13 +191,15 @@ def sweep(
     out_dir: Annotated[Optional[Path], typer.Option(
         "--out", help="Results directory [default: reports/<scenario>-<timestamp>/]")] = None,
     resume: Annotated[Optional[Path], typer.Option(
-        help="Continue the sweep in this results directory (its arguments unless given again)")] = None,
+        help="Continue the sweep in this results directory (its arguments unless given "
+             "again)")] = None,
     graph: Annotated[Optional[bool], typer.Option(
         "--graph/--no-graph", help="Time a CUDA-graph replay of each pass, as serving engines "
         "run decode; --no-graph times Python launches too [default: --graph]")] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
-    args = _resume_args(resume, {k: v for k, v in locals().items() if k not in ("out_dir", "resume")})
+    given = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
+    args = _resume_args(resume, given)
     scenario_obj, configs = _configs(args)
     from questprof.backends import get_backend
 

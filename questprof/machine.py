@@ -121,7 +121,7 @@ def machine_info() -> dict:
 
 
 def git_commit() -> str | None:
-    """HEAD of the questprof checkout, suffixed '+dirty' when the tree has changes; None outside git."""
+    """HEAD of the questprof checkout, '+dirty' when tracked files changed; None outside git."""
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
                               timeout=10, check=True)

@@ -140,6 +140,7 @@ def test_report_and_compare(tmp_path):
 
 def test_report_and_compare_bad_directories(tmp_path):
     assert_one_line_error(run("report", tmp_path / "nope"))
+    assert_one_line_error(run("sweep", "--resume", tmp_path / "nope"))
     assert_one_line_error(run("compare", tmp_path, tmp_path))
     assert_one_line_error(run("compare", tmp_path, tmp_path, "--threshold", "-1"))
 

@@ -147,9 +147,10 @@ def test_union_pages():
 
 def test_quest_timing_sums_parts_and_keeps_the_lowest_clock(smoke):
     point = configs(smoke, "1000", "64")[0]
-    part = lambda ms, sm, thr: {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "p95_ms": ms,  # noqa: E731
-                                "method": "cuda-graph", "sm_clock_mhz": sm, "mem_clock_mhz": 3201,
-                                "throttled": thr}
+    def part(ms, sm, throttled):
+        return {"median_ms": ms, "p20_ms": ms, "p80_ms": ms, "p95_ms": ms, "method": "cuda-graph",
+                "sm_clock_mhz": sm, "mem_clock_mhz": 3201, "throttled": throttled}
+
     timings = {"estimate": part(1.0, 1980, False), "topk": part(2.0, 1700, True),
                "attention": part(3.0, 1980, False)}
     quest, why = sweep._quest_timing(point, timings)
