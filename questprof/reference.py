@@ -82,19 +82,26 @@ def topk(scores, kv_indptr, k_pages: int, sinks: int = 0, window: int = 0):
 def attention(q, k, v, kv_indptr, kv_indices, last_page_len, sel=None, count=None):
     """Exact decode attention over the selected pages (all pages when sel is None).
 
+    count is [B] or, for selections of different sizes per head, [Hs, B]; a head with no page
+    gets out = 0 and lse = -inf (a partial that a log-sum-exp merge ignores).
     Returns (out [B, Hq, d], lse [B, Hq]) with lse the natural log of sum exp(q.k / sqrt(d)).
     """
     batch, q_heads, d = q.shape
     kv_heads, page_size = k.shape[1], k.shape[2]
     g = _group(q_heads, kv_heads)
     sel_group = 1 if sel is None or sel.shape[0] == q_heads else g
-    out, lse = np.zeros((batch, q_heads, d)), np.zeros((batch, q_heads))
+    if sel is not None:
+        count = np.broadcast_to(np.asarray(count), (sel.shape[0], batch))
+    out, lse = np.zeros((batch, q_heads, d)), np.full((batch, q_heads), -np.inf)
     for b in range(batch):
         ids = np.asarray(kv_indices[kv_indptr[b]:kv_indptr[b + 1]])
         valid = np.full(len(ids), page_size)
-        valid[-1] = last_page_len[b]
+        valid[-1:] = last_page_len[b]
         for h in range(q_heads):
-            pos = np.arange(len(ids)) if sel is None else sel[h // sel_group, b, : count[b]]
+            hs = h // sel_group
+            pos = np.arange(len(ids)) if sel is None else sel[hs, b, : count[hs, b]]
+            if len(pos) == 0:
+                continue
             ok = (np.arange(page_size)[None, :] < valid[pos][:, None]).ravel()
             keys = k[ids[pos], h // g].reshape(-1, d)[ok]
             vals = v[ids[pos], h // g].reshape(-1, d)[ok]

@@ -1,0 +1,161 @@
+"""Context-parallel Quest over torch.distributed: NCCL on GPUs, gloo on the CPU (tests).
+
+One process per rank. Every rank builds the same global cache from the seed and keeps only its
+own pages; the two collectives of a decode step (candidates, partial outputs) are all-gathers,
+timed separately from the local stages because they sit on the decode critical path.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from questprof import context_parallel as cp
+from questprof import layout
+
+
+def _to_torch(array, torch):
+    return torch.from_numpy(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) \
+        else torch.from_dlpack(array)
+
+
+def _from_torch(tensor, backend):
+    return tensor.numpy() if not backend.is_gpu else __import__("cupy").from_dlpack(tensor)
+
+
+def all_gather(array, backend):
+    """[W, ...] stack of every rank's `array` (same shape on every rank)."""
+    import torch
+    import torch.distributed as dist
+
+    local = _to_torch(array, torch).contiguous()
+    world = dist.get_world_size()
+    out = torch.empty((world * local.shape[0], *local.shape[1:]), dtype=local.dtype,
+                      device=local.device)
+    # Ranks concatenated on dim 0 (gloo insists); the function was renamed in torch 2.13.
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, local)
+    return _from_torch(out.reshape(world, *local.shape), backend)
+
+
+def _build(cfg, seed: int):
+    rng = np.random.default_rng(seed)
+    kv = layout.random_paged_kv(rng, [cfg["length"]] * cfg["batch"], cfg["page_size"],
+                                cfg["kv_heads"], cfg["head_dim"], cfg["dtype"], shuffle=True)
+    from questprof.backends.numpy import NumpyBackend
+    plan = layout.append_plan(kv.kv_indptr, kv.kv_indices, kv.last_page_len, kv.lengths,
+                              kv.page_size)
+    NumpyBackend().summary(kv, plan)  # same summaries on every rank, built once on the host
+    q = layout.random_queries(rng, cfg["batch"], cfg["q_heads"], cfg["head_dim"], cfg["dtype"])
+    return kv, q
+
+
+def decode_step(backend, q, kv_global, kv_local, shard, k_pages: int, mode: str, clock):
+    """One exact context-parallel decode step; returns (out, lse, sel, count, phase times)."""
+    times = {}
+    with clock("local_candidates", times):
+        pos, score = cp.candidates(backend, q, kv_local, shard, k_pages, mode)
+    with clock("gather_candidates", times):
+        pos, score = all_gather(pos, backend), all_gather(score, backend)
+    with clock("select", times):
+        sel, count = cp.select(backend, pos, score, kv_global, k_pages)
+    with clock("local_attention", times):
+        out, lse = cp.partial(backend, q, kv_local, shard, sel, count)
+    out32 = cp.to_float32(out, kv_local.dtype, cp._xp(out))
+    with clock("gather_partials", times):
+        outs, lses = all_gather(out32, backend), all_gather(lse, backend)
+    with clock("merge", times):
+        out, lse = cp.merge(outs, lses, "fp32")
+    return out, lse, sel, count, times
+
+
+class _Clock:
+    """Wall time of a phase after synchronising the device (collectives block the host anyway)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def __call__(self, name, times):
+        clock = self
+
+        class _Phase:
+            def __enter__(self):
+                clock.backend.synchronize()
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                clock.backend.synchronize()
+                times[name] = times.get(name, 0.0) + (time.perf_counter() - self.start) * 1e3
+        return _Phase()
+
+
+def run_rank(rank: int, world: int, cfg: dict, k_pages: int, mode: str, seed: int,
+             dist_backend: str, port: int, steps: int, result_queue) -> None:
+    """Entry point of one rank: build, run `steps` decode steps, report times and the output."""
+    import torch.distributed as dist
+
+    from questprof.backends import get_backend
+
+    if dist_backend == "nccl":
+        __import__("cupy").cuda.Device(rank).use()
+        __import__("torch").cuda.set_device(rank)
+    dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
+    try:
+        backend = get_backend("cupy" if dist_backend == "nccl" else "numpy")
+        kv, q = _build(cfg, seed)
+        shard = cp.shard_bounds(kv.pages(), world, rank)
+        local = backend.put(cp.local_kv(kv, shard))
+        glob = backend.put(cp.tables_only(kv))
+        qd = backend.asarray(q)
+        samples = []
+        for _ in range(steps):
+            out, lse, sel, count, times = decode_step(backend, qd, glob, local, shard, k_pages,
+                                                      mode, _Clock(backend))
+            samples.append(times)
+        result_queue.put((rank, backend.to_host(out), backend.to_host(lse),
+                          backend.to_host(sel), samples))
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(world: int, cfg: dict, k_pages: int, mode: str = "per-head", seed: int = 0,
+           dist_backend: str = "gloo", steps: int = 1, port: int | None = None):
+    """Spawn `world` ranks; returns [(rank, out, lse, sel, phase-time samples)] sorted by rank."""
+    import torch.multiprocessing as mp
+
+    port = port or 29500 + os.getpid() % 1000
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=run_rank, args=(r, world, cfg, k_pages, mode, seed, dist_backend,
+                                                port, steps, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        results = _collect(queue, procs, timeout_s=600)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    return sorted(results, key=lambda r: r[0])
+
+
+def _collect(queue, procs, timeout_s: float) -> list:
+    """Every rank's result; fails fast (instead of hanging) when a rank dies."""
+    import queue as queues
+
+    results, deadline = [], time.monotonic() + timeout_s
+    while len(results) < len(procs):
+        try:
+            results.append(queue.get(timeout=1.0))
+        except queues.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"a rank failed (exit status {dead})" if dead
+                                   else "ranks did not finish in time")
+    return results
