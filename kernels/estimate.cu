@@ -12,7 +12,7 @@
 enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
 
 constexpr int EST_THREADS = 256;
-constexpr int EST_UNROLL = 8;  // v1 had 4: 58% of read BW at 32K on an H200 (12.8 us)
+constexpr int EST_UNROLL = 4;  // 8 took 128 registers (2 blocks/SM): 15.4 us vs 12.8 at 32K, H200
 
 template <typename T, int D, int G>
 QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const uint4& lo, const uint4& hi,
