@@ -160,10 +160,13 @@ def test_single_length(tmp_path):
 def test_cpu_banner_and_directory_path(tmp_path):
     df = synthetic(lengths=[2048, 4096], batches=(1,), measured=False)
     df["backend"] = "numpy"
-    path = write_report(df, {**META, "backend": "numpy", "ceilings": {}}, tmp_path)
+    meta = {**META, "backend": "numpy", "machine": {"gpu": None},
+            "ceilings": {"read_gbs": None, "reason": "the numpy backend runs on the CPU"}}
+    path = write_report(df, meta, tmp_path)
     assert path == tmp_path / "report.html"
     text = path.read_text()
-    assert CPU_BANNER in text and "no measured ceilings" in text
+    assert CPU_BANNER in text and "<h1>questprof: synthetic on the CPU</h1>" in text
+    assert "no measured ceilings (the numpy backend runs on the CPU)" in text
 
 
 def test_modes_make_panels(tmp_path):
@@ -198,3 +201,9 @@ def test_crossover_kinds(speedups, kind, length):
     assert (found["kind"], found["length"]) == (kind, length)
     if kind == "from":
         assert found["length"] / 2 < found["estimate"] < found["length"]
+
+
+def test_element_ids_unique(report):
+    """Plotly draws into getElementById(figure id): an id shared with a section steals the plot."""
+    ids = re.findall(r'\bid="([^"]+)"', report.replace(plotly.offline.get_plotlyjs(), ""))
+    assert len(ids) == len(set(ids))

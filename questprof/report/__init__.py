@@ -94,9 +94,10 @@ def _roofline(df: pd.DataFrame, meta: dict) -> str:
     if hardware.roofline_points(df).empty:
         return "<p>No kernel row with FLOPs and a time: nothing to place on the roofline.</p>"
     ceilings = meta.get("ceilings") or {}
+    why = f" ({esc(ceilings['reason'])})" if ceilings.get("reason") else ""
     note = "" if ceilings.get("read_gbs") and ceilings.get("fp16_tflops") else (
-        "<p class=\"note\">This run recorded no measured ceilings (meta.json ceilings.read_gbs, "
-        "ceilings.fp16_tflops): the measured roof is not drawn.</p>")
+        f"<p class=\"note\">This run recorded no measured ceilings{why}: the measured roof "
+        "(meta.json ceilings.read_gbs, ceilings.fp16_tflops) is not drawn.</p>")
     return note + figure(hardware.roofline_figure(df, ceilings), "roofline")
 
 
@@ -127,10 +128,10 @@ def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
 
 
 def _header(df: pd.DataFrame, meta: dict) -> str:
-    machine = meta.get("machine") or {}
-    title = f"questprof: {meta.get('scenario', 'run')} on {machine.get('gpu', 'unknown GPU')}"
     backends = set(df["backend"].dropna()) if "backend" in df else set()
     cpu = meta.get("backend") == "numpy" or backends == {"numpy"}
+    gpu = (meta.get("machine") or {}).get("gpu") or ("the CPU" if cpu else "an unknown GPU")
+    title = f"questprof: {meta.get('scenario', 'run')} on {gpu}"
     banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""
     if meta.get("fallback_reason"):
         banner += f"<p class=\"banner\">Fell back: {esc(meta['fallback_reason'])}</p>"
