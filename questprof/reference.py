@@ -1,6 +1,7 @@
 """NumPy float64 reference of every Quest stage: the specification the kernels are checked against.
 
-All inputs here are float64 values (see layout.from_storage); page tables are int arrays.
+Inputs are float64 values (see layout.from_storage), or fp16/fp32 arrays that are widened to
+float64 page by page as they are read; page tables are int arrays.
 Shapes: q [B, Hq, d]; k, v [N, Hkv, S, d]; summary [N, Hkv, 2, d];
 scores [Hs, nnz] aligned with kv_indices, Hs = Hq for `per-head`, Hkv for the shared modes;
 selections [Hs, B, K] page positions within each request (ascending, -1 padded) and count [B].
@@ -17,7 +18,7 @@ def summary(summ: np.ndarray, k: np.ndarray, plan) -> np.ndarray:
     """Summary append/rebuild: a new [N, Hkv, 2, d] with the plan's pages updated from k."""
     out = np.array(summ, dtype=np.float64, copy=True)
     for page, first, end in zip(plan.page_ids, plan.first, plan.end):
-        keys = k[page, :, first:end, :]
+        keys = np.asarray(k[page, :, first:end, :], dtype=np.float64)
         lo, hi = keys.min(axis=1), keys.max(axis=1)
         if first > 0:
             lo, hi = np.minimum(lo, out[page, :, 0]), np.maximum(hi, out[page, :, 1])
@@ -103,8 +104,8 @@ def attention(q, k, v, kv_indptr, kv_indices, last_page_len, sel=None, count=Non
             if len(pos) == 0:
                 continue
             ok = (np.arange(page_size)[None, :] < valid[pos][:, None]).ravel()
-            keys = k[ids[pos], h // g].reshape(-1, d)[ok]
-            vals = v[ids[pos], h // g].reshape(-1, d)[ok]
+            keys = np.asarray(k[ids[pos], h // g].reshape(-1, d)[ok], dtype=np.float64)
+            vals = np.asarray(v[ids[pos], h // g].reshape(-1, d)[ok], dtype=np.float64)
             s = keys @ q[b, h] / np.sqrt(d)
             m = s.max()
             w = np.exp(s - m)

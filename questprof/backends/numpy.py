@@ -8,6 +8,11 @@ from questprof import reference
 from questprof.layout import AppendPlan, PagedKV, from_storage, to_storage
 
 
+def _readable(x, dtype: str):
+    """What the reference can read: fp16/fp32 as stored (widened per page), bf16 decoded."""
+    return from_storage(x, dtype) if dtype == "bf16" else x
+
+
 class NumpyBackend:
     """Runs anywhere; its times are CPU times of the reference, not GPU kernel times."""
 
@@ -30,8 +35,7 @@ class NumpyBackend:
         pass
 
     def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
-        k = from_storage(kv.k, kv.dtype)
-        new = reference.summary(from_storage(kv.summary, kv.dtype), k, plan)
+        new = reference.summary(from_storage(kv.summary, kv.dtype), _readable(kv.k, kv.dtype), plan)
         kv.summary[...] = to_storage(new, kv.dtype)
 
     def estimate(self, q, kv: PagedKV, mode: str = "per-head"):
@@ -44,6 +48,6 @@ class NumpyBackend:
 
     def attention(self, q, kv: PagedKV, sel=None, count=None):
         out, lse = reference.attention(
-            from_storage(q, kv.dtype), from_storage(kv.k, kv.dtype), from_storage(kv.v, kv.dtype),
+            from_storage(q, kv.dtype), _readable(kv.k, kv.dtype), _readable(kv.v, kv.dtype),
             kv.kv_indptr, kv.kv_indices, kv.last_page_len, sel, count)
         return to_storage(out, kv.dtype), lse.astype(np.float32)
