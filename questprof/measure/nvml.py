@@ -1,0 +1,175 @@
+"""NVML: clocks, power, memory, throttle reasons and GPM DRAM bandwidth utilisation.
+
+Every NVML status becomes NvmlError with NVML's own text (nvmlErrorString through pynvml).
+GPM's DRAM_BW_UTIL is a whole-device percentage whose 100% is not the datasheet: on an H200
+(2026-11-29) it read 86.2% while CUPTI counted 4.54 TB/s, so 100% ~ 5.27 TB/s. It is turned
+into bytes only through a full scale calibrated on a kernel of known bytes (`calibrate_gpm`).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+# Reasons that lower clocks because of power or heat (idle, app clocks, sync boost do not).
+THROTTLES = {
+    0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
+    0x40: "hw_thermal", 0x80: "hw_power_brake",
+}
+OTHER_REASONS = {0x1: "gpu_idle", 0x2: "applications_clocks", 0x10: "sync_boost",
+                 0x100: "display_clock"}
+
+
+class NvmlError(RuntimeError):
+    """An NVML call failed; the message holds the call and NVML's error text."""
+
+
+def _call(fn, *args):
+    """fn(*args) with pynvml's NVMLError turned into NvmlError naming the call."""
+    import pynvml
+
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        raise NvmlError(f"{fn.__name__}: {exc}") from None
+
+
+@functools.cache
+def _init() -> None:
+    import pynvml
+
+    _call(pynvml.nvmlInit)
+
+
+def available() -> tuple[bool, str | None]:
+    """(True, None) when NVML answers for the current GPU, else (False, why); never raises."""
+    try:
+        handle()
+        return True, None
+    except Exception as exc:  # ImportError, NvmlError, anything a broken driver throws
+        return False, f"NVML: {type(exc).__name__}: {exc}"
+
+
+def handle():
+    """NVML handle of CuPy's current device (matched by PCI bus id), else of device 0."""
+    import pynvml
+
+    _init()
+    try:
+        import cupy
+
+        bus_id = cupy.cuda.Device().pci_bus_id
+    except Exception:  # no CuPy or no CUDA device: NVML's own first device
+        return _call(pynvml.nvmlDeviceGetHandleByIndex, 0)
+    return _call(pynvml.nvmlDeviceGetHandleByPciBusId, bus_id.encode())
+
+
+def _reasons(mask: int) -> tuple[list[str], bool]:
+    names = [n for bit, n in {**THROTTLES, **OTHER_REASONS}.items() if mask & bit]
+    return names, any(mask & bit for bit in THROTTLES)
+
+
+def _read(fields: dict, unavailable: dict, name: str, fn, *args) -> None:
+    try:
+        fields[name] = fn(*args)
+    except NvmlError as exc:
+        fields[name] = None
+        unavailable[name] = str(exc)
+
+
+def snapshot() -> dict:
+    """Clocks (MHz), power (W), memory used (bytes), throttle reasons of the current GPU now.
+
+    Keys: sm_clock_mhz, mem_clock_mhz, power_w, memory_used_bytes, reasons (list), throttled;
+    a field NVML cannot give is None and `unavailable` maps it to NVML's reason.
+    """
+    import pynvml
+
+    ok, why = available()
+    if not ok:
+        return {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_w": None,
+                "memory_used_bytes": None, "reasons": [], "throttled": None,
+                "unavailable": {"all": why}}
+    h, fields, unavailable = handle(), {}, {}
+    _read(fields, unavailable, "sm_clock_mhz", _call, pynvml.nvmlDeviceGetClockInfo, h,
+          pynvml.NVML_CLOCK_SM)
+    _read(fields, unavailable, "mem_clock_mhz", _call, pynvml.nvmlDeviceGetClockInfo, h,
+          pynvml.NVML_CLOCK_MEM)
+    _read(fields, unavailable, "power_mw", _call, pynvml.nvmlDeviceGetPowerUsage, h)
+    _read(fields, unavailable, "memory", _call, pynvml.nvmlDeviceGetMemoryInfo, h)
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
+                      getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
+    _read(fields, unavailable, "mask", _call, reasons, h)
+    mw, mem, mask = fields.pop("power_mw"), fields.pop("memory"), fields.pop("mask")
+    fields["power_w"] = None if mw is None else mw / 1e3
+    fields["memory_used_bytes"] = None if mem is None else int(mem.used)
+    fields["reasons"], fields["throttled"] = _reasons(mask) if mask is not None else ([], None)
+    fields["unavailable"] = unavailable
+    return fields
+
+
+def gpm_available() -> tuple[bool, str | None]:
+    """(True, None) when the current GPU supports GPM metrics, else (False, why); never raises."""
+    try:
+        import pynvml
+
+        support = _call(pynvml.nvmlGpmQueryDeviceSupport, handle())
+        if not support.isSupportedDevice:
+            return False, "NVML GPM: this GPU does not support GPM metrics (Hopper or later)"
+        return True, None
+    except Exception as exc:
+        return False, f"NVML GPM: {type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class GpmWindow:
+    """GPM DRAM bandwidth utilisation (percent of GPM's own full scale) over `seconds`."""
+
+    dram_util_pct: float
+    seconds: float
+
+    def bytes(self, full_scale_gbs: float) -> float:
+        """Bytes moved (read + write) at a calibrated full scale in GB/s."""
+        return self.dram_util_pct / 100 * full_scale_gbs * 1e9 * self.seconds
+
+
+def gpm_window(run) -> GpmWindow:
+    """Run `run()` (it must synchronise) between two GPM samples of the current GPU."""
+    import pynvml
+
+    h = handle()
+    first, second = _call(pynvml.nvmlGpmSampleAlloc), _call(pynvml.nvmlGpmSampleAlloc)
+    try:
+        _call(pynvml.nvmlGpmSampleGet, h, first)
+        start = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - start
+        _call(pynvml.nvmlGpmSampleGet, h, second)
+        query = pynvml.c_nvmlGpmMetricsGet_t()
+        query.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        query.numMetrics = 1
+        query.sample1, query.sample2 = first, second
+        query.metrics[0].metricId = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+        _call(pynvml.nvmlGpmMetricsGet, query)
+        status = query.metrics[0].nvmlReturn
+        if status != pynvml.NVML_SUCCESS:
+            text = pynvml.nvmlErrorString(status)
+            text = text.decode(errors="replace") if isinstance(text, bytes) else text
+            raise NvmlError(f"nvmlGpmMetricsGet(DRAM_BW_UTIL): {text}")
+        return GpmWindow(float(query.metrics[0].value), seconds)
+    finally:
+        _call(pynvml.nvmlGpmSampleFree, first)
+        _call(pynvml.nvmlGpmSampleFree, second)
+
+
+def calibrate_gpm(run, known_bytes: float) -> float:
+    """GPM full scale in GB/s: `run()` (synchronising) moves `known_bytes` in DRAM.
+
+    The read kernel of kernels/ceilings.cu moves exactly its buffer (checked against CUPTI
+    to 0.002% on an H200), so it serves without CUPTI too.
+    """
+    window = gpm_window(run)
+    if window.dram_util_pct <= 0:
+        raise NvmlError("GPM read 0% DRAM utilisation over the calibration kernel")
+    return known_bytes / (window.dram_util_pct / 100 * window.seconds) / 1e9

@@ -1,0 +1,135 @@
+"""Measurement helpers without a GPU: ncu CSV parsing on real H200 output, availability probes."""
+
+from pathlib import Path
+
+import pytest
+
+from questprof.measure import ceilings, cupti, ncu, nvml
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_parse_base_units_fixture():
+    """ncu --print-units base on a 256 MiB read of kernels/ceilings.cu (H200, 2026)."""
+    (k,) = ncu.parse_csv((FIXTURES / "ncu_read_base_h200.csv").read_text())
+    assert k.name == "ceilings_read" and k.id == 0
+    assert k.read_bytes == 268_446_976  # 256 MiB = 268,435,456: +0.004%
+    assert k.write_bytes == 2_418_432
+    assert k.duration_ns == 63_264
+
+
+def test_parse_auto_units_fixture():
+    (k,) = ncu.parse_csv((FIXTURES / "ncu_read_auto_h200.csv").read_text())
+    assert abs(k.read_bytes / 268_435_456 - 1) < 1e-4
+    assert k.duration_ns > 0
+
+
+@pytest.mark.parametrize("value, unit, expected", [
+    ("268,445,952", "byte", 268_445_952), ("268.45", "Mbyte", 268.45e6), ("1.5", "Gbyte", 1.5e9),
+    ("12", "Kbyte", 12e3), ("63,264", "ns", 63_264), ("63.26", "usecond", 63_260),
+    ("2", "msecond", 2e6), ("4", "MiB", 4 * 1024**2), ("7", "", 7)])
+def test_parse_value_units(value, unit, expected):
+    assert ncu.parse_value(value, unit) == pytest.approx(expected)
+
+
+def test_parse_value_rejects_unknown_unit():
+    with pytest.raises(ValueError, match="furlong"):
+        ncu.parse_value("3", "furlong")
+
+
+def _row(kid, name, metric, unit, value):
+    return (f'"{kid}","1","python3","h","{name}","1","7","(256, 1, 1)","(8, 1, 1)","0","9.0",'
+            f'"Command line profiler metrics","{metric}","{unit}","{value}"')
+
+
+def test_parse_several_kernels_and_split_by_marker():
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit",'
+              '"Metric Value"')
+    rows = []
+    for kid, name in enumerate(["ceilings_read", "estimate_kernel<fp16, 128>", "ceilings_read",
+                                "attention_kernel", "merge_kernel"]):
+        rows += [_row(kid, name, "dram__bytes_read.sum", "Kbyte", f"{kid + 1},000.5"),
+                 _row(kid, name, "dram__bytes_write.sum", "byte", "32"),
+                 _row(kid, name, "gpu__time_duration.sum", "usecond", "1.5")]
+    text = "==PROF== Connected\nprogram output\n" + "\n".join([header] + rows)
+    kernels = ncu.parse_csv(text)
+    assert [k.id for k in kernels] == [0, 1, 2, 3, 4]
+    assert kernels[1].read_bytes == pytest.approx(2_000_500)
+    groups = ncu.split_by_marker(kernels, "ceilings_read")
+    assert [[k.name for k in g] for g in groups] == [["estimate_kernel<fp16, 128>"],
+                                                    ["attention_kernel", "merge_kernel"]]
+
+
+def test_parse_empty_output():
+    assert ncu.parse_csv("==PROF== no kernels were profiled\n") == []
+
+
+def test_availability_never_raises():
+    for probe in (cupti.available, ncu.available, nvml.available, nvml.gpm_available):
+        ok, why = probe()
+        assert isinstance(ok, bool)
+        assert ok or (isinstance(why, str) and why)
+
+
+def test_nvml_snapshot_has_every_field():
+    snap = nvml.snapshot()
+    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "memory_used_bytes", "throttled"):
+        assert key in snap
+    assert nvml.available()[0] or snap["unavailable"]
+
+
+def test_throttle_reasons():
+    assert nvml._reasons(0x1) == (["gpu_idle"], False)
+    names, throttled = nvml._reasons(0x4 | 0x40)
+    assert throttled and set(names) == {"sw_power_cap", "hw_thermal"}
+
+
+def test_gpm_bytes_from_full_scale():
+    window = nvml.GpmWindow(dram_util_pct=50.0, seconds=0.5)
+    assert window.bytes(full_scale_gbs=5000.0) == pytest.approx(1.25e12)
+
+
+def test_ceilings_unavailable_on_cpu_backend():
+    from questprof.backends.numpy import NumpyBackend
+
+    result = ceilings.measure_ceilings(NumpyBackend())
+    assert result["available"] is False and "CPU" in result["reason"]
+    assert result["read_gbs"] is None
+
+
+def test_datasheet_table():
+    assert ceilings.datasheet("NVIDIA H200") == (4800.0, 989.4)
+    assert ceilings.datasheet("NVIDIA H100 PCIe")[0] == 2000.0
+    assert ceilings.datasheet("NVIDIA H100 80GB HBM3")[0] == 3350.0
+    assert ceilings.datasheet("Some Future GPU") == (None, None)
+
+
+def test_cupti_interval_bounds_samples():
+    assert cupti._interval(0.01) == cupti.INTERVAL_NS
+    long = cupti._interval(10.0)
+    assert 10.0 * 1e9 / long < cupti.MAX_SAMPLES / 2
+
+
+def test_cupti_error_text_keeps_status():
+    class Fake(Exception):
+        status = 99999
+
+    assert "99999" in cupti._text(Fake("boom"))
+    with pytest.raises(cupti.CuptiError, match="CUPTI decode"):
+        cupti._check("decode", lambda: (_ for _ in ()).throw(Fake("boom")))
+
+
+def test_stage_fixture_against_the_model():
+    """ncu on the CuPy stages, llama3-8b L=16K B=1 S=16 budget 1024 per-head (H200, 2026)."""
+    from questprof import model
+    from questprof.config import Config, load_scenario
+
+    groups = ncu.split_by_marker(
+        ncu.parse_csv((FIXTURES / "ncu_stages_h200.csv").read_text()), "ceilings_read")
+    assert [len(g) for g in groups] == [1, 1, 2, 2]  # estimate, topk, attention+merge, dense+merge
+    work = model.stage_work(Config(load_scenario("llama3-8b").model, 16384, 1, 16, 1024))
+    read = lambda g: sum(k.read_bytes for k in g)  # noqa: E731
+    estimate, dense = work["estimate"], work["dense"]
+    assert abs(read(groups[0]) / estimate.total_read - 1) < 0.01  # measured +0.68%
+    assert abs(read(groups[3][:1]) / dense.total_read - 1) < 0.002  # attention kernel: +0.08%
