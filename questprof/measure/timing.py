@@ -19,6 +19,7 @@ class Timing:
 
     samples_ms: tuple[float, ...]
     method: str  # "cuda-events", "cuda-graph" or "perf-counter"
+    clocks: dict | None = None  # NVML right after the timed passes (see `clock_fields`)
 
     def pct(self, q: float) -> float:
         return float(np.percentile(self.samples_ms, q))
@@ -31,6 +32,23 @@ class Timing:
         """median, p20, p80, p95 in ms per layer."""
         return {"median_ms": self.median, "p20_ms": self.pct(20), "p80_ms": self.pct(80),
                 "p95_ms": self.pct(95)}
+
+    def clock_fields(self) -> dict:
+        """sm_clock_mhz, mem_clock_mhz, throttled for a results row (None where NVML is not)."""
+        clocks = self.clocks or {}
+        return {k: clocks.get(k) for k in ("sm_clock_mhz", "mem_clock_mhz", "throttled")}
+
+
+def _clocks() -> dict | None:
+    """NVML clocks and throttle reasons now, None without NVML (never raises)."""
+    from questprof.measure import nvml
+
+    if not nvml.available()[0]:
+        return None
+    try:
+        return nvml.snapshot()
+    except Exception:  # a clock read must never fail a timing
+        return None
 
 
 def _pass(run_layer: Callable[[int], object], layers: int) -> None:
@@ -68,8 +86,9 @@ def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool) ->
             launch()
             end.record(stream)
         stream.synchronize()
+    clocks = _clocks()  # right after the passes: the clocks the load ran at (throttling shows)
     samples = [cupy.cuda.get_elapsed_time(s, e) / layers for s, e in events]
-    return Timing(tuple(samples), "cuda-graph" if graph else "cuda-events")
+    return Timing(tuple(samples), "cuda-graph" if graph else "cuda-events", clocks)
 
 
 def time_layers(backend, run_layer: Callable[[int], object], layers: int, warmup: int = 3,
