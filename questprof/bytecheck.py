@@ -1,0 +1,466 @@
+"""`questprof bytes --check-formula`: measured DRAM bytes of every stage against model.py.
+
+For each configuration and stage (summary, estimate, topk, attention, dense, quest) the CuPy
+backend's launches are measured with CUPTI (primary), ncu (per kernel, cross-check) or NVML GPM
+(whole device, calibrated), and compared with the modelled bytes; then measured rho (quest read
+over dense read) against 1/S + K/P. A naive torch Quest (gather the chosen pages, then SDPA) is
+measured too: its extra read + write of the gathered pages is named as an excess.
+
+Each CUPTI/NVML region calls a stage once per layer, each call followed by a 256 MiB read that
+evicts L2 (4x the 60 MiB of an H200), so every call starts cold as in a real decode step and its
+dirty lines are written back inside the window; the same loop without the stage is subtracted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from questprof import layout, model
+
+TOLERANCE = 0.05
+EXIT_OK, EXIT_FAIL, EXIT_NO_SOURCE = 0, 1, 3
+SOURCES = ("cupti", "ncu", "nvml")
+STAGES = ("summary", "estimate", "topk", "attention", "dense", "quest")
+MIN_JUDGED_BYTES = 1 << 20  # below 1 MiB per layer, sector granularity and L2 state dominate
+FLUSH_BYTES = 256 << 20
+CALIBRATION_BYTES = 2 << 30
+TARGET_SECONDS = {"cupti": 0.03, "nvml": 0.3}  # GPM averages over its window: make it longer
+
+
+@dataclass
+class Row:
+    """Modelled and measured bytes of one stage of one configuration, per layer."""
+
+    config: str
+    stage: str
+    source: str
+    modelled_read: float
+    unmodelled_read: float
+    modelled_write: float
+    measured_read: float | None
+    measured_write: float | None
+    read_ratio: float | None = None
+    write_ratio: float | None = None
+    within: bool | None = None
+    note: str = ""
+
+
+@dataclass
+class RhoRow:
+    """Measured rho (quest read / dense read) of one configuration against the formula."""
+
+    config: str
+    source: str
+    rho_measured: float
+    rho_formula: float
+    rho_model: float
+    rho_unmodelled: float
+
+
+@dataclass
+class CheckResult:
+    """Rows, rho rows, exit status and the lines that explain it."""
+
+    rows: list[Row]
+    rho: list[RhoRow]
+    status: int
+    lines: list[str]
+    sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unavailable
+
+    def to_json(self) -> str:
+        return json.dumps({"status": self.status, "message": self.lines, "sources": self.sources,
+                           "rows": [asdict(r) for r in self.rows],
+                           "rho": [asdict(r) for r in self.rho]}, indent=1)
+
+
+def judge(row: Row, tolerance: float = TOLERANCE) -> Row:
+    """Fill ratios and the verdict of `row` (pure). Total bytes for nvml (GPM cannot split)."""
+    read = row.modelled_read + row.unmodelled_read
+    ratio = lambda m, x: None if m is None or x <= 0 else m / x  # noqa: E731
+    if row.source == "nvml":
+        read += row.modelled_write
+    row.read_ratio, row.write_ratio = ratio(row.measured_read, read), ratio(row.measured_write,
+                                                                             row.modelled_write)
+    if row.stage.startswith("naive"):  # expected to exceed: its excess is named, not judged
+        return row
+    if read < MIN_JUDGED_BYTES or row.read_ratio is None:
+        row.note = row.note or f"not judged: {read:,.0f} B per layer is under 1 MiB"
+        return row
+    ok = abs(row.read_ratio - 1) <= tolerance
+    if row.write_ratio is not None and row.modelled_write >= MIN_JUDGED_BYTES:
+        ok = ok and abs(row.write_ratio - 1) <= tolerance
+    row.within = ok
+    return row
+
+
+def verdict(rows: list[Row], tolerance: float = TOLERANCE,
+            sources: dict[str, str | None] | None = None) -> tuple[int, list[str]]:
+    """Exit status and its lines: 0 all judged rows within tolerance, 1 some not (named, by
+    how much), EXIT_NO_SOURCE when no measurement source was available (one line, why)."""
+    if not rows:
+        reasons = {r: s for s, r in (sources or {}).items() if r}  # one line: say each once
+        why = "; ".join(r if len(reasons) == 1 else f"{s}: {r}" for r, s in reasons.items())
+        why = why or "none asked"
+        return EXIT_NO_SOURCE, [f"no DRAM byte source is available ({why})"]
+    failed = [r for r in rows if r.within is False]
+    judged = sum(r.within is not None for r in rows)
+    if failed:
+        lines = [f"{len(failed)} of {judged} judged stage rows outside {tolerance:.0%}:"]
+        for r in failed:
+            w = "" if r.write_ratio is None else f", write {r.write_ratio - 1:+.1%}"
+            lines.append(f"  {r.stage} [{r.source}] {r.config}: read {r.read_ratio - 1:+.1%}{w}")
+        return EXIT_FAIL, lines
+    return EXIT_OK, [f"all {judged} judged stage rows within {tolerance:.0%} "
+                     f"({len(rows) - judged} small or naive rows reported, not judged)"]
+
+
+def config_from_dict(data: dict):
+    """A Config rebuilt from Config.as_dict() (for the ncu child process)."""
+    import dataclasses
+
+    from questprof.config import Config, ModelShape
+
+    shape = {f.name: data["model" if f.name == "name" else f.name]
+             for f in dataclasses.fields(ModelShape) if (f.name == "name" or f.name in data)}
+    point = {f.name: data[f.name] for f in dataclasses.fields(Config)
+             if f.name != "model" and f.name in data}
+    return Config(ModelShape(**shape), **point)
+
+
+class Workload:
+    """`layers` copies of one configuration's cache on a backend, with each stage's inputs."""
+
+    def __init__(self, cfg, backend, layers: int = 2):
+        m, rng = cfg.model, np.random.default_rng(cfg.seed)
+        lengths = [cfg.length] * cfg.batch
+        host = layout.random_paged_kv(rng, lengths, cfg.page_size, m.kv_heads, m.head_dim, m.dtype)
+        prefill = layout.append_plan(host.kv_indptr, host.kv_indices, host.last_page_len,
+                                     lengths, cfg.page_size)
+        first = backend.put(host)
+        backend.summary(first, prefill)
+        self.cfg, self.backend = cfg, backend
+        self.kv = [first] + [first.with_arrays(lambda a: a.copy()) for _ in range(layers - 1)]
+        plan = layout.append_plan(host.kv_indptr, host.kv_indices, host.last_page_len,
+                                  [1] * cfg.batch, cfg.page_size)  # decode: one token each
+        self.plan = layout.AppendPlan(*(backend.asarray(x) for x in
+                                        (plan.page_ids, plan.first, plan.end)))
+        self.q = backend.asarray(layout.random_queries(rng, cfg.batch, m.q_heads, m.head_dim,
+                                                       m.dtype))
+        self.scores = [backend.estimate(self.q, kv, cfg.mode) for kv in self.kv]
+        self.sel = [backend.topk(s, kv, cfg.k_pages) for s, kv in zip(self.scores, self.kv)]
+        backend.synchronize()
+
+    def launcher(self, stage: str):
+        """launch(layer) of one stage; asynchronous, no synchronisation."""
+        b, cfg, q = self.backend, self.cfg, self.q
+
+        def quest(l):
+            sel, count = b.topk(b.estimate(q, self.kv[l], cfg.mode), self.kv[l], cfg.k_pages)
+            return b.attention(q, self.kv[l], sel, count)
+
+        return {"summary": lambda l: b.summary(self.kv[l], self.plan),
+                "estimate": lambda l: b.estimate(q, self.kv[l], cfg.mode),
+                "topk": lambda l: b.topk(self.scores[l], self.kv[l], cfg.k_pages),
+                "attention": lambda l: b.attention(q, self.kv[l], *self.sel[l]),
+                "dense": lambda l: b.attention(q, self.kv[l]),
+                "quest": quest, "naive": self._torch_naive()}[stage]
+
+    def union_pages(self) -> float | None:
+        """Mean pages one KV head reads in per-head GQA mode (the union of its group's picks)."""
+        g = self.cfg.model.group
+        if self.cfg.mode != "per-head" or g == 1:
+            return None
+        sel = np.asarray(self.backend.to_host(self.sel[0][0]))
+        sizes = [len(set(sel[h:h + g, r].ravel().tolist()) - {-1})
+                 for h in range(0, sel.shape[0], g) for r in range(sel.shape[1])]
+        return float(np.mean(sizes))
+
+    def gathered_bytes(self) -> float:
+        """Bytes of the K and V pages the naive peer gathers (its copy), per layer."""
+        sel = np.asarray(self.backend.to_host(self.sel[0][0]))
+        m = self.cfg.model
+        return 2.0 * sel.shape[0] * sel.shape[1] * sel.shape[2] * self.cfg.page_size * \
+            model.vector_bytes(m)
+
+    def _torch_naive(self):
+        """Naive torch Quest attention: gather the chosen pages of the paged cache into a dense
+        copy, then SDPA. Same selection as our kernel, so the difference is the gather alone
+        (peers.naive_quest scores and selects on its own contiguous cache: not comparable)."""
+        import torch
+
+        cfg, m = self.cfg, self.cfg.model
+        t = lambda a: torch.from_dlpack(a)  # noqa: E731
+        view = (lambda x: x.view(torch.bfloat16)) if m.dtype == "bf16" else (lambda x: x)
+        sel, indptr = t(self.sel[0][0]).long(), t(self.kv[0].kv_indptr).long()  # [Hs, B, K]
+        hs, g = sel.shape[0], m.group
+        pos = sel.clamp(min=0) + indptr[:-1].view(1, -1, 1)
+        kv_head = (torch.arange(hs, device=sel.device) // (g if hs == m.q_heads else 1))
+        kv_head = kv_head.view(1, hs, 1)
+        tail = (indptr[1:] - 1).view(1, -1, 1)
+        slot = torch.arange(cfg.page_size, device=sel.device)
+        last = t(self.kv[0].last_page_len).long().view(1, -1, 1, 1)
+        valid = (sel >= 0).unsqueeze(-1) & ((pos != tail).unsqueeze(-1) | (slot < last))
+        mask = valid.permute(1, 0, 2, 3).reshape(cfg.batch, hs, 1, -1)
+        gqa = hs != m.q_heads  # shared modes: one gathered copy per KV head
+        mask = mask.repeat_interleave(g, dim=1) if gqa else mask
+        q = view(t(self.q)).unsqueeze(2)  # [B, Hq, 1, d]
+
+        def run(l):
+            ids = t(self.kv[l].kv_indices).long()[pos].permute(1, 0, 2)  # [B, Hs, K]
+            k = view(t(self.kv[l].k))[ids, kv_head]  # the gather copy: [B, Hs, K, S, d]
+            v = view(t(self.kv[l].v))[ids, kv_head]
+            flat = lambda x: x.reshape(cfg.batch, hs, -1, m.head_dim)  # noqa: E731
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, flat(k), flat(v), attn_mask=mask, enable_gqa=gqa)
+        return run
+
+
+class _Flush:
+    """A 256 MiB read that evicts L2 after each stage call (4x an H200's 60 MiB L2)."""
+
+    def __init__(self, nbytes: int = FLUSH_BYTES):
+        import cupy
+
+        from questprof.measure import ceilings
+
+        self.launch_read = ceilings.launch_read
+        self.buf, self.sink = ceilings.random_buffer(nbytes), cupy.zeros(1, dtype=cupy.float32)
+
+    def __call__(self) -> None:
+        self.launch_read(self.buf, self.sink)
+
+
+def _repeats(fn, seconds: float) -> int:
+    """Repetitions of `fn` (asynchronous) that fill about `seconds` of GPU time, 3..2000."""
+    from questprof.measure.ceilings import median_ms
+
+    return int(min(2000, max(3, math.ceil(seconds * 1e3 / median_ms(fn, repeats=3, warmup=1)))))
+
+
+def _gpm_bytes(fn, repeats: int, full_scale_gbs: float) -> float:
+    from questprof.measure import nvml
+
+    def region():
+        for _ in range(repeats):
+            fn()
+        import cupy
+        cupy.cuda.Device().synchronize()
+
+    return nvml.gpm_window(region).bytes(full_scale_gbs)
+
+
+def _measure(source: str, work: Workload, stage: str, flush, full_scale: float | None):
+    """(read, write) DRAM bytes of one call of `stage` per layer, flush loop subtracted."""
+    from questprof.measure import cupti
+
+    launch, layers = work.launcher(stage), len(work.kv)
+
+    def with_stage():
+        for layer in range(layers):
+            launch(layer)
+            flush()
+
+    def without():
+        for _ in range(layers):
+            flush()
+
+    repeats = _repeats(with_stage, TARGET_SECONDS[source])
+    if source == "nvml":
+        cupti.release()
+        total = _gpm_bytes(with_stage, repeats, full_scale) - _gpm_bytes(without, repeats,
+                                                                          full_scale)
+        return total / (repeats * layers), None
+    a = cupti.measure(with_stage, repeats, TARGET_SECONDS[source])
+    b = cupti.measure(without, repeats, TARGET_SECONDS[source])
+    return (a.read - b.read) / layers, (a.write - b.write) / layers
+
+
+def ncu_stages(job: dict) -> None:
+    """Child side of ncu: run each stage once on one layer, a marker kernel before each."""
+    import cupy
+
+    from questprof.backends import get_backend
+    from questprof.measure import ceilings, ncu
+
+    work = Workload(config_from_dict(job["config"]), get_backend("cupy"), layers=1)
+    marker, sink = ceilings.random_buffer(16), cupy.zeros(1, dtype=cupy.float32)
+    launches = [work.launcher(s) for s in job["stages"]]
+    for launch in launches:  # compile and allocate outside the profiled range
+        launch(0)
+    ncu.profiler(True)
+    for launch in launches:
+        ceilings.launch_read(marker, sink)
+        launch(0)
+    ncu.profiler(False)
+
+
+def _ncu_rows(cfg, stages) -> dict[str, tuple[float, float]]:
+    """(read, write) per stage from one ncu child replaying `cfg`."""
+    from questprof.measure import cupti, ncu
+
+    cupti.release()
+    job = {"kind": "stages", "config": cfg.as_dict(), "stages": list(stages)}
+    groups = ncu.split_by_marker(ncu.profile(job), "ceilings_read")
+    if len(groups) != len(stages):
+        raise ncu.NcuError(f"ncu profiled {len(groups)} marked groups for {len(stages)} stages")
+    return {s: (sum(k.read_bytes for k in g), sum(k.write_bytes for k in g))
+            for s, g in zip(stages, groups)}
+
+
+def label(cfg) -> str:
+    """Short name of a configuration for rows and messages."""
+    return (f"{cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
+            f"budget={cfg.budget} {cfg.mode}")
+
+
+def source_status(source: str) -> dict[str, str | None]:
+    """Each asked source (cupti, ncu, nvml or all) -> None when usable, else why not."""
+    from questprof.backends import gpu_unavailable_reason
+    from questprof.measure import cupti, ncu, nvml
+
+    asked = SOURCES if source == "all" else (source,)
+    if any(s not in SOURCES for s in asked):
+        raise ValueError(f"unknown byte source {source!r}: expected cupti, ncu, nvml or all")
+    gpu = gpu_unavailable_reason()
+    if gpu:  # every source measures the CuPy backend's kernels
+        return {s: f"the CuPy backend cannot run: {gpu}" for s in asked}
+    probes = {"cupti": cupti.available, "ncu": ncu.available, "nvml": nvml.gpm_available}
+    return {s: probes[s]()[1] for s in asked}
+
+
+def calibrate(sources, flush) -> tuple[list[Row], float | None]:
+    """A read kernel of known bytes through each source (rows) and GPM's full scale (GB/s)."""
+    from questprof.measure import ceilings, cupti, ncu, nvml
+
+    x = flush.buf if CALIBRATION_BYTES == FLUSH_BYTES else ceilings.random_buffer(CALIBRATION_BYTES)
+    read = lambda: ceilings.launch_read(x, flush.sink)  # noqa: E731
+    rows, full_scale = [], None
+    row = lambda s, r, w, n=CALIBRATION_BYTES, note="": Row(  # noqa: E731
+        "read kernel", "calibration-read", s, n, 0, 0, r, w, note=note)
+    if "cupti" in sources:
+        got = cupti.measure(read, 20)
+        rows.append(row("cupti", got.read, got.write))
+    if "ncu" in sources:
+        cupti.release()
+        (k,) = ncu.profile({"kind": "read", "bytes": FLUSH_BYTES})
+        rows.append(row("ncu", k.read_bytes, k.write_bytes, FLUSH_BYTES))
+    if "nvml" in sources:
+        cupti.release()
+        repeats = _repeats(read, TARGET_SECONDS["nvml"])
+        full_scale = nvml.calibrate_gpm(lambda: _sync_loop(read, repeats),
+                                        repeats * CALIBRATION_BYTES)
+        again = _gpm_bytes(read, repeats, full_scale) / repeats
+        rows.append(row("nvml", again, None, note=f"GPM 100% = {full_scale:,.0f} GB/s here"))
+    return rows, full_scale
+
+
+def _sync_loop(fn, repeats: int) -> None:
+    import cupy
+
+    for _ in range(repeats):
+        fn()
+    cupy.cuda.Device().synchronize()
+
+
+def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True):
+    """Rows and rho rows of every stage of `cfg` through one source."""
+    work = Workload(cfg, backend, layers=1 if source == "ncu" else 2)
+    union = work.union_pages()
+    works = model.stage_work(cfg, union)
+    works["quest"] = model.quest_work(cfg, union)
+    stages = STAGES + (("naive",) if naive else ())
+    got = _ncu_rows(cfg, stages) if source == "ncu" else {
+        s: _measure(source, work, s, flush, full_scale) for s in stages}
+    rows = [Row(label(cfg), s, source, works["attention" if s == "naive" else s].read,
+                works["attention" if s == "naive" else s].unmodelled_read,
+                works["attention" if s == "naive" else s].write, *got[s]) for s in stages]
+    if naive:
+        _name_naive(rows[-1], work.gathered_bytes())
+    if source == "nvml":  # GPM gives read + write together: no read rho
+        return rows, []
+    k = model.k_pages(cfg.budget, cfg.page_size, cfg.pages)
+    unmodelled = sum(works[s].unmodelled_read for s in model.QUEST_STAGES)
+    rho = RhoRow(label(cfg), source, sum(got[s][0] for s in model.QUEST_STAGES) / got["dense"][0],
+                 model.rho(cfg.page_size, k, cfg.pages), model.quest_rho(cfg, union),
+                 unmodelled / works["dense"].read)
+    return rows, [rho]
+
+
+def _name_naive(row: Row, gathered: float) -> None:
+    extra_read = row.measured_read - row.modelled_read - row.unmodelled_read
+    extra_write = None if row.measured_write is None else row.measured_write - row.modelled_write
+    w = "" if extra_write is None else f", +{extra_write:,.0f} B written"
+    row.note = (f"naive gather+SDPA over Quest attention: +{extra_read:,.0f} B read{w}; "
+                f"the gathered copy of the chosen K/V pages is {gathered:,.0f} B")
+
+
+def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
+              naive: bool = True) -> CheckResult:
+    """Measure and judge every stage of every configuration (see module docstring).
+
+    configs: questprof.config.Config list; source: cupti | ncu | nvml | all; tolerance: relative.
+    Status EXIT_OK / EXIT_FAIL / EXIT_NO_SOURCE (no source usable: one line says why).
+    """
+    sources = source_status(source)
+    usable = [s for s in SOURCES if sources.get(s, "not asked") is None]
+    if not usable:
+        status, lines = verdict([], tolerance, sources)
+        return CheckResult([], [], status, lines, sources)
+    from questprof.backends import get_backend
+
+    from questprof.measure import cupti
+
+    backend, flush = get_backend("cupy"), _Flush()
+    rows, rho = [], []
+    for source in usable:  # SOURCES order: CUPTI first, released once before ncu and GPM
+        if source != "cupti":
+            cupti.release()
+        more, full_scale = calibrate([source], flush)
+        rows += more
+        for cfg in configs:
+            more, more_rho = measure_config(cfg, backend, source, flush, full_scale, naive)
+            rows += more
+            rho += more_rho
+    rows = [judge(r, tolerance) for r in rows]
+    for r in rows:  # GPM is a whole-device signal: it decides only when it is the one source
+        if r.source == "nvml" and len(usable) > 1 and r.within is not None:
+            r.within, r.note = None, "GPM whole-device signal: cross-check, not judged"
+    status, lines = verdict(rows, tolerance, sources)
+    skipped = [f"{s} unavailable: {why}" for s, why in sources.items() if why]
+    return CheckResult(rows, rho, status, lines + skipped, sources)
+
+
+def table(result: CheckResult) -> str:
+    """Plain-text table of the rows and rho rows (the CLI renders its own with Rich)."""
+    fmt = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
+    pct = lambda x: "-" if x is None else f"{x - 1:+.2%}"  # noqa: E731
+    out = [f"{'config':44} {'stage':17} {'src':5} {'model read':>14} {'meas read':>14} "
+           f"{'read':>8} {'model wr':>12} {'meas wr':>12} {'write':>8} ok"]
+    for r in result.rows:
+        out.append(f"{r.config[:44]:44} {r.stage:17} {r.source:5} "
+                   f"{fmt(r.modelled_read + r.unmodelled_read):>14} {fmt(r.measured_read):>14} "
+                   f"{pct(r.read_ratio):>8} {fmt(r.modelled_write):>12} "
+                   f"{fmt(r.measured_write):>12} {pct(r.write_ratio):>8} "
+                   f"{'-' if r.within is None else 'yes' if r.within else 'NO'} {r.note}")
+    for r in result.rho:
+        out.append(f"rho {r.config} [{r.source}]: measured {r.rho_measured:.4f}, "
+                   f"1/S+K/P {r.rho_formula:.4f}, model {r.rho_model:.4f} "
+                   f"+ unmodelled {r.rho_unmodelled:.4f}")
+    return "\n".join(out + result.lines)
+
+
+if __name__ == "__main__":  # python3 -m questprof.bytecheck SCENARIO LENGTHS BUDGETS [SOURCE]
+    import sys
+
+    from questprof.config import expand, load_scenario
+
+    args = sys.argv[1:] + [None] * 4
+    points = expand(load_scenario(args[0] or "smoke"), lengths=args[1], budgets=args[2],
+                    batches=[1], page_sizes=[16])
+    result = run_check(points, args[3] or "all")
+    print(table(result))
+    sys.exit(result.status)

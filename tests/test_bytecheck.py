@@ -1,0 +1,123 @@
+"""bytes --check-formula logic without a GPU: judging rows, exit statuses, the no-GPU path."""
+
+import json
+
+import numpy as np
+import pytest
+
+from questprof import bytecheck, model
+from questprof.bytecheck import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, Row, judge, verdict
+from questprof.config import Config, load_scenario
+
+MIB = 1 << 20
+
+
+def row(stage="attention", read=64 * MIB, measured=64 * MIB, write=0, measured_write=0,
+        source="cupti", unmodelled=0):
+    return judge(Row("cfg", stage, source, read, unmodelled, write, measured, measured_write))
+
+
+def test_within_tolerance_passes():
+    rows = [row(measured=64 * MIB * 1.049), row("dense", measured=64 * MIB * 0.951)]
+    assert all(r.within for r in rows)
+    status, lines = verdict(rows)
+    assert status == EXIT_OK and "all 2 judged" in lines[0]
+
+
+def test_outside_tolerance_fails_and_names_stage_and_amount():
+    rows = [row(), row("estimate", measured=64 * MIB * 1.12)]
+    status, lines = verdict(rows)
+    assert status == EXIT_FAIL
+    assert any("estimate [cupti]" in line and "+12.0%" in line for line in lines)
+
+
+def test_unmodelled_bytes_count_in_the_expected_read():
+    assert row(read=60 * MIB, unmodelled=4 * MIB, measured=64 * MIB).read_ratio == pytest.approx(1)
+
+
+def test_tolerance_is_a_parameter():
+    assert judge(Row("c", "dense", "cupti", 64 * MIB, 0, 0, 64 * MIB * 1.08, 0), 0.10).within
+    assert not judge(Row("c", "dense", "cupti", 64 * MIB, 0, 0, 64 * MIB * 1.08, 0), 0.05).within
+
+
+def test_large_write_is_judged_small_write_is_not():
+    assert not row(write=8 * MIB, measured_write=10 * MIB).within
+    assert row(write=1024, measured_write=4096).within  # 1 KiB of outputs: sector noise
+
+
+def test_small_stage_is_reported_not_judged():
+    r = row("summary", read=6144, measured=90_000)
+    assert r.within is None and "not judged" in r.note
+    assert verdict([r, row()])[0] == EXIT_OK
+
+
+def test_naive_rows_are_never_judged():
+    r = row("naive", measured=200 * MIB)
+    assert r.within is None
+    assert verdict([r])[0] == EXIT_OK
+
+
+def test_nvml_rows_judge_total_bytes():
+    r = row(read=60 * MIB, write=4 * MIB, measured=64 * MIB, measured_write=None, source="nvml")
+    assert r.within and r.write_ratio is None
+
+
+def test_no_source_gives_distinct_status_and_one_line():
+    status, lines = verdict([], sources={"cupti": "no GPU", "ncu": "no GPU", "nvml": "no GPU"})
+    assert status == EXIT_NO_SOURCE and status not in (EXIT_OK, EXIT_FAIL)
+    assert len(lines) == 1 and "\n" not in lines[0] and lines[0].count("no GPU") == 1
+
+
+def test_run_check_without_gpu_returns_no_source(monkeypatch):
+    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no CUDA device")
+    cfg = smoke_config()
+    for source in ("cupti", "ncu", "nvml", "all"):
+        result = bytecheck.run_check([cfg], source)
+        assert result.status == EXIT_NO_SOURCE and len(result.lines) == 1
+        assert "no CUDA device" in result.lines[0]
+        assert json.loads(result.to_json())["status"] == EXIT_NO_SOURCE
+
+
+def test_unknown_source_is_refused():
+    with pytest.raises(ValueError, match="unknown byte source"):
+        bytecheck.source_status("perf")
+
+
+def smoke_config(**over) -> Config:
+    shape = load_scenario("smoke").model
+    args = dict(length=1000, batch=2, page_size=16, budget=128, mode="per-head", seed=3)
+    return Config(shape, **{**args, **over})
+
+
+def test_config_round_trips_through_as_dict():
+    cfg = smoke_config(mode="shared-max")
+    assert bytecheck.config_from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
+
+
+@pytest.mark.parametrize("mode", ["per-head", "shared-max"])
+def test_workload_and_naive_peer_on_numpy(mode):
+    """The naive torch gather + SDPA must compute Quest's sparse attention."""
+    pytest.importorskip("torch")
+    from questprof.backends.numpy import NumpyBackend
+    from questprof.layout import from_storage
+
+    cfg = smoke_config(mode=mode)
+    work = bytecheck.Workload(cfg, NumpyBackend(), layers=2)
+    quest, _ = work.launcher("attention")(1)
+    naive = work.launcher("naive")(1).squeeze(2).float().numpy()
+    ref = from_storage(quest, cfg.model.dtype)
+    assert np.linalg.norm(naive - ref) / np.linalg.norm(ref) < 2e-3
+    union = work.union_pages()
+    k = cfg.k_pages
+    assert (union is None) == (mode != "per-head")
+    if union is not None:
+        assert k <= union <= min(cfg.model.group * k, cfg.pages)
+    assert work.gathered_bytes() == 2 * model.score_heads(cfg) * cfg.batch * k * 16 * 64 * 2
+
+
+def test_every_stage_has_a_launcher():
+    from questprof.backends.numpy import NumpyBackend
+
+    work = bytecheck.Workload(smoke_config(length=100, batch=1), NumpyBackend(), layers=1)
+    for stage in bytecheck.STAGES:
+        work.launcher(stage)(0)
