@@ -30,6 +30,9 @@ ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-by
 FREE_FRACTION = 0.9  # use at most this share of free memory
 HOST_COPIES = 6  # NumPy backend: the pool, and float64 copies of K and V in reference.attention
 DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
+# Stages whose work does not depend on these fields: timed once per run and shared by the
+# configurations that differ only there (a 4-budget grid times dense once, not 4 times).
+SHARED_OVER = {"summary": ("budget", "mode"), "dense": ("budget", "mode"), "estimate": ("budget",)}
 Progress = Callable[[dict, int, int], None]
 
 
@@ -283,11 +286,23 @@ def _prepare_or_reason(cfg, backend, layers: int) -> tuple[Prepared | None, str 
         return None, f"out of memory building {layers} layer(s): {type(exc).__name__}"
 
 
-def config_rows(scenario: str, cfg, backend, todo, layers=None, opts=None, previous=None):
+def shared_key(cfg, stage: str) -> tuple | None:
+    """Key under which `stage` of cfg shares its timing with other configurations, or None."""
+    if stage not in SHARED_OVER:
+        return None
+    fields = cfg.as_dict()
+    return (stage, *((k, v) for k, v in sorted(fields.items()) if k not in SHARED_OVER[stage]
+                     and k != "k_pages"))
+
+
+def config_rows(scenario: str, cfg, backend, todo, layers=None, opts=None, previous=None,
+                shared=None):
     """Yield the rows of stages `todo` of one configuration, each as soon as it is timed.
 
     previous: {stage: timing} already on disk, for the quest row of a resumed configuration.
+    shared: {shared_key: timing} of this run, read and filled for the stages in SHARED_OVER.
     """
+    shared = {} if shared is None else shared
     layers = sim_layers(cfg, backend, layers)
     prep, reason = _prepare_or_reason(cfg, backend, layers)
     union = prep.union_pages if prep else None
@@ -305,8 +320,13 @@ def config_rows(scenario: str, cfg, backend, todo, layers=None, opts=None, previ
             yield row(stage, timing, note) if timing else row(stage, None, why, "skipped")
         elif cfg.is_dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, None, DENSE_REASON, "skipped")
+        elif shared.get(shared_key(cfg, stage)) is not None:
+            timings[stage] = shared[shared_key(cfg, stage)]
+            yield row(stage, timings[stage])
         else:
             timings[stage], why = _time_stage(stage, backend, cfg, prep, layers, opts or {})
+            if why is None and shared_key(cfg, stage) is not None:
+                shared[shared_key(cfg, stage)] = timings[stage]
             yield row(stage, timings[stage], why, "ok" if why is None else "skipped")
     del prep
     _release(backend)
@@ -373,7 +393,7 @@ def run_sweep(scenario, configs, backend, out_dir, layers: int | None = None,
         meta = _resumed_meta(out_dir, meta)
     total = len(configs) * len(STAGES)
     count = sum((c.key(), s) in done for c in configs for s in STAGES)
-    written = []
+    written, shared = [], {}
     with ResultsWriter(out_dir, meta) as writer:
         for cfg in configs:
             key = cfg.key()
@@ -381,7 +401,8 @@ def run_sweep(scenario, configs, backend, out_dir, layers: int | None = None,
             if not todo:
                 continue
             previous = _previous(key, old_rows)
-            for row in config_rows(scenario.name, cfg, backend, todo, layers, opts, previous):
+            for row in config_rows(scenario.name, cfg, backend, todo, layers, opts, previous,
+                                   shared):
                 writer.append(row)
                 written.append(row)
                 count += 1

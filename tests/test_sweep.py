@@ -158,3 +158,25 @@ def test_quest_timing_sums_parts_and_keeps_the_lowest_clock(smoke):
     assert quest["sm_clock_mhz"] == 1700 and quest["throttled"] is True
     del timings["topk"]
     assert sweep._quest_timing(point, timings) == (None, "no timing of topk")
+
+
+def test_budget_independent_stages_are_timed_once(tmp_path, monkeypatch):
+    """Dense, summary and estimate do not depend on the budget: one timing serves every budget."""
+    from questprof import sweep as sweep_mod
+    from questprof.backends.numpy import NumpyBackend
+    from questprof.config import expand, load_scenario
+
+    calls = []
+    real = sweep_mod._time_stage
+
+    def counted(stage, *args, **kwargs):
+        calls.append(stage)
+        return real(stage, *args, **kwargs)
+
+    monkeypatch.setattr(sweep_mod, "_time_stage", counted)
+    scenario = load_scenario("smoke")
+    configs = expand(scenario, lengths="4k", budgets="256,512,1024")
+    rows = sweep_mod.run_sweep(scenario, configs, NumpyBackend(), tmp_path, repeats=1, warmup=0)
+    assert sorted(calls) == sorted(["summary", "estimate", "dense"] + ["topk", "attention"] * 3)
+    dense = {r["median_ms"] for r in rows if r["stage"] == "dense"}
+    assert len(dense) == 1 and len([r for r in rows if r["stage"] == "dense"]) == 3
