@@ -31,7 +31,8 @@ err = Console(stderr=True, soft_wrap=True)
 USER_ERRORS = (ConfigError, BackendUnavailable, FileNotFoundError, NotADirectoryError)
 DEFAULT_SCENARIO = "longchat-7b"
 # Defaults of the sweep options; None in the signature so --resume can take the first run's.
-SWEEP_DEFAULTS = {"scenario": DEFAULT_SCENARIO, "backend": "auto", "graph": True}
+SWEEP_DEFAULTS = {"scenario": DEFAULT_SCENARIO, "backend": "auto", "graph": True, "e2e": False,
+                  "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1}
 HEADERS = {"length": "L", "batch": "B", "page_size": "S", "dense_ms": "dense",
            "quest_ms": "quest", "rho_formula": "rho", "median_ms_a": "A ms", "median_ms_b": "B ms"}
 # is_gpu -> (repeats, warmup); CPU times of the reference are context, not the product, and
@@ -167,6 +168,49 @@ def _interrupted(out_dir: Path) -> None:
     raise typer.Exit(130)
 
 
+def _check_extras(args: dict, backend) -> None:
+    """--e2e and --gpus before any work: a clear error instead of a failure an hour in."""
+    from questprof.config import validate_budget, validate_page_size
+
+    if args["e2e"]:
+        validate_page_size(args["e2e_page_size"])
+        validate_budget(args["e2e_budget"], args["e2e_page_size"])
+    if args["gpus"] < 1:
+        raise ConfigError(f"--gpus {args['gpus']} must be at least 1")
+    if args["gpus"] > 1:
+        if not backend.is_gpu:
+            raise ConfigError(f"--gpus {args['gpus']} needs the cupy backend and GPUs")
+        import cupy
+
+        have = cupy.cuda.runtime.getDeviceCount()
+        if args["gpus"] > have:
+            raise ConfigError(f"--gpus {args['gpus']}: this host has {have} GPU(s)")
+
+
+def _run_extras(scenario, configs, backend, out_dir: Path, args: dict) -> None:
+    """The context-parallel and end-to-end measurements asked for, each with a short table."""
+    from questprof import extras
+
+    if args["gpus"] > 1:
+        rows = extras.run_context_parallel(scenario, configs, out_dir, args["gpus"])
+        import pandas as pd
+
+        df = pd.DataFrame(rows)[["length", "batch", "page_size", "budget", "phase", "median_ms"]]
+        out.print(_table(df, f"context-parallel Quest on {args['gpus']} GPUs (ms per layer)"))
+    if args["e2e"]:
+        rows = extras.run_e2e(scenario, configs, backend, out_dir, args["e2e_page_size"],
+                              args["e2e_budget"])
+        import pandas as pd
+
+        cols = ["length", "step_ms_dense", "step_ms_quest", "attention_fraction",
+                "amdahl_predicted", "measured_speedup", "predicted_4bit", "status"]
+        df = pd.DataFrame(rows)[[c for c in cols if c in rows[0]]] if rows else pd.DataFrame()
+        names = {"step_ms_dense": "dense ms", "step_ms_quest": "quest ms",
+                 "attention_fraction": "attn share", "amdahl_predicted": "Amdahl",
+                 "measured_speedup": "measured", "predicted_4bit": "4-bit pred."}
+        out.print(_table(df.rename(columns=names), "end-to-end decode step (all layers)"))
+
+
 @app.command()
 @user_errors
 def sweep(
@@ -198,6 +242,16 @@ def sweep(
     graph: Annotated[Optional[bool], typer.Option(
         "--graph/--no-graph", help="Time a CUDA-graph replay of each pass, as serving engines "
         "run decode; --no-graph times Python launches too [default: --graph]")] = None,
+    e2e: Annotated[Optional[bool], typer.Option(
+        "--e2e/--no-e2e", help="Also time whole decode steps of a random-weight decoder shaped "
+        "like the scenario's model, dense vs Quest (Amdahl end to end) [default: --no-e2e]")] = None,
+    e2e_budget: Annotated[Optional[int], typer.Option(
+        help="Token budget of the end-to-end steps [default: 2048]")] = None,
+    e2e_page_size: Annotated[Optional[int], typer.Option(
+        help="Page size of the end-to-end steps [default: 16]")] = None,
+    gpus: Annotated[Optional[int], typer.Option(
+        help="Also run context-parallel Quest over this many GPUs of this host (NCCL), "
+             "beside the single-GPU grid [default: 1]")] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     given = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
@@ -206,11 +260,13 @@ def sweep(
     from questprof.backends import get_backend
 
     chosen = get_backend(args["backend"])
+    _check_extras(args, chosen)
     _banner(chosen)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = resume or out_dir or Path("reports") / f"{scenario_obj.name}-{stamp}"
     try:
         _run(scenario_obj, configs, chosen, target, args, resume is not None)
+        _run_extras(scenario_obj, configs, chosen, target, args)
     except KeyboardInterrupt:
         _interrupted(target)
     _write_report(target)
@@ -263,3 +319,63 @@ def compare(
                          styles))
     if (table["verdict"] == "SLOWER").any():
         raise typer.Exit(1)
+
+
+@app.command()
+@user_errors
+def bench(
+    quick: Annotated[bool, typer.Option(help="Only the MHA batch-1 32K and 128K cases")] = False,
+    peers: Annotated[bool, typer.Option(help="Time the torch peers beside ours")] = True,
+    graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")] = True,
+    repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = 20,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the rows here")] = None,
+) -> None:
+    """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
+    from questprof import bench as bench_mod
+    from questprof.backends import get_backend
+
+    get_backend("cupy")  # one clear line and exit 2 without a GPU
+    rows = bench_mod.run_bench(bench_mod.default_cases(quick), repeats, graph, peers)
+    if json_out is not None:
+        json_out.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
+    out.print(bench_mod.format_table(rows), highlight=False)
+    out.print(bench_mod.format_goals(rows), highlight=False)
+
+
+@app.command("bytes")
+@user_errors
+def bytes_check(
+    check_formula: Annotated[bool, typer.Option(
+        "--check-formula/--no-check-formula",
+        help="Judge measured bytes against the model (exit 1 beyond --tolerance)")] = True,
+    scenario: Annotated[str, typer.Option(help="Scenario name or .toml path")] = "llama3-8b",
+    lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")] = "16k,64k",
+    batch: Annotated[str, typer.Option(help="Batch sizes")] = "1",
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = "16",
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = "1024,4096",
+    mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = None,
+    source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = "cupti",
+    tolerance: Annotated[float, typer.Option(help="Allowed relative difference")] = 0.05,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the table here")] = None,
+) -> None:
+    """DRAM bytes each stage really reads (CUPTI, ncu, NVML) against the formula, stage by stage.
+
+    Exit 0 when every judged stage is within tolerance, 1 when one is not, 3 when no
+    measurement source is available here (no GPU, no CUPTI).
+    """
+    from questprof import bytecheck
+
+    if source not in ("cupti", "ncu", "nvml", "all"):
+        raise ConfigError(f"--source {source!r}: expected cupti, ncu, nvml or all")
+    args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
+            "budget": budget, "mode": mode, "layers": None, "repeats": None, "warmup": None}
+    _, configs = _configs(args)
+    result = bytecheck.run_check(configs, source, tolerance)
+    if json_out is not None:
+        json_out.write_text(result.to_json(), encoding="utf-8")
+    if result.rows:
+        out.print(bytecheck.table(result), highlight=False)
+    else:
+        err.print(" ".join(result.lines), highlight=False)
+    if check_formula or result.status == bytecheck.EXIT_NO_SOURCE:
+        raise typer.Exit(result.status)

@@ -179,7 +179,7 @@ def _collect(queue, procs, timeout_s: float) -> list:
     return results
 
 
-def _miss_rate(cfg: dict, seed: int, world: int, k_pages: int, mode: str, sel) -> float:
+def miss_rate(cfg: dict, seed: int, world: int, k_pages: int, mode: str, sel) -> float:
     """How often the cheap variant (K/N local pages per rank, no collective) misses exact pages."""
     from questprof.backends.numpy import NumpyBackend
 
@@ -235,7 +235,7 @@ def main(argv=None) -> None:
                    dtype=shape.dtype)
         k_pages = args.budget // args.page_size
         results = launch(args.world, cfg, k_pages, args.mode, 0, args.backend, args.steps)
-        miss = _miss_rate(cfg, 0, args.world, k_pages, args.mode, results[0][3])
+        miss = miss_rate(cfg, 0, args.world, k_pages, args.mode, results[0][3])
         print(f"\n{shape.name} L={length} B={args.batch} S={args.page_size} "
               f"budget={args.budget} {args.mode} world={args.world} ({args.backend}); "
               f"cheap variant misses {100 * miss:.1f}% of the exact top-K pages")

@@ -183,6 +183,7 @@ def compare(dir_a, dir_b, threshold: float = 0.05) -> pd.DataFrame:
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:
     """One line per configuration: dense and quest ms, speedup (dense / quest), rho, a note."""
     keys = [k for k in ("length", "batch", "page_size", "budget", "mode") if k in df]
+    df = df[df["stage"].isin(STAGE_ORDER)]  # e2e and context-parallel rows have their own views
     out = []
     for key, group in df.groupby(keys, sort=False, dropna=False):
         by_stage = {r["stage"]: r for _, r in group.iterrows()}

@@ -150,3 +150,34 @@ def test_doctor_lists_every_item():
     assert result.exit_code == 0
     for item in ("GPU", "driver", "CuPy", "CUPTI", "ncu", "NVML", "torch"):
         assert item in result.stdout
+
+
+def test_bytes_without_gpu_says_so_with_its_own_status():
+    result = run("bytes", "--check-formula", "--scenario", "smoke", "--lengths", "4k",
+                 "--budget", "512")
+    assert result.exit_code == 3
+    assert "no DRAM byte source" in result.stderr and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("bytes", "--source", "papi"),
+    ("bytes", "--budget", "20"),
+    ("bench",),
+    ("sweep", "--scenario", "smoke", "--lengths", "4k", "--gpus", "2", "--backend", "numpy"),
+    ("sweep", "--scenario", "smoke", "--lengths", "4k", "--e2e", "--e2e-budget", "20"),
+])
+def test_bytes_bench_and_extras_bad_input(args, tmp_path):
+    result = run(*args, *(("--out", str(tmp_path / "o")) if args[0] == "sweep" else ()))
+    assert_one_line_error(result)
+
+
+def test_sweep_with_e2e_adds_measured_steps(tmp_path):
+    out_dir = tmp_path / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--backend", "numpy",
+                 "--e2e", "--e2e-budget", "512", "--out", str(out_dir))
+    assert result.exit_code == 0, result.output
+    df, meta = results.load(out_dir)
+    e2e = df[df["stage"] == "e2e"]
+    assert sorted(e2e["length"]) == [2048, 4096]
+    assert (e2e["measured_speedup"] > 0).all() and meta["e2e"]["budget"] == 512
+    assert "end-to-end decode step" in result.stdout
