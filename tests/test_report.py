@@ -207,3 +207,19 @@ def test_element_ids_unique(report):
     """Plotly draws into getElementById(figure id): an id shared with a section steals the plot."""
     ids = re.findall(r'\bid="([^"]+)"', report.replace(plotly.offline.get_plotlyjs(), ""))
     assert len(ids) == len(set(ids))
+
+
+def test_context_parallel_section(tmp_path):
+    df = synthetic(lengths=[8192, 16384], batches=(1,), page_sizes=(16,), budgets=(512,))
+    text = write_report(df, META, tmp_path / "r.html").read_text()
+    assert "did not measure context-parallel Quest" in text
+    phases = ("local_candidates", "gather_candidates", "select", "local_attention")
+    cp = pd.DataFrame([{"stage": "context-parallel", "length": 16384, "batch": 1, "page_size": 16,
+                        "budget": 512, "mode": "per-head", "phase": p, "gpus": 2,
+                        "median_ms": 0.01 * (i + 1), "cheap_variant_miss_rate": 0.25,
+                        "status": "ok", "backend": "cupy+nccl"} for i, p in enumerate(phases)])
+    text = write_report(pd.concat([df, cp], ignore_index=True), META,
+                        tmp_path / "cp.html").read_text()
+    rows = table_rows(text, "cp-table")
+    assert [r[5] for r in rows] == list(phases) and rows[1][6] == "20.0" and rows[0][7] == "25.0%"
+    assert plot_ids(text) == plot_ids(write_report(df, META, tmp_path / "r2.html").read_text())

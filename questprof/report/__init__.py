@@ -7,7 +7,9 @@ rho_formula, sm_clock_mhz, mem_clock_mhz, throttled, backend. Missing mode means
 Rows with stage 'e2e' carry end-to-end steps; their columns are listed in report/amdahl.py.
 meta is meta.json; beyond the contract it may carry heatmap_length (tokens) for section 5.
 
-Sections: at a glance, crossover, speedup, roofline, bytes, heatmap, end to end, machine.
+Sections: at a glance, crossover, speedup, roofline, bytes, heatmap, end to end, several GPUs,
+machine. Rows with stage 'context-parallel' (sweep --gpus N) carry phase, gpus, median_ms and
+cheap_variant_miss_rate.
 Every figure is a function of df; plotly.js is inlined once, so the file opens offline.
 """
 
@@ -127,6 +129,22 @@ def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
             "measured in section 2.</p>" + figure(amdahl.modelled_figure(g), "amdahl"))
 
 
+def _context_parallel(df: pd.DataFrame) -> str:
+    """Phase times of context-parallel Quest (sweep --gpus N), when the run measured them."""
+    rows = df[df["stage"] == "context-parallel"] if "stage" in df else df.iloc[0:0]
+    if rows.empty:
+        return ("<p>This run did not measure context-parallel Quest "
+                "(<code>questprof sweep --gpus N</code> on a host with N GPUs).</p>")
+    rows = rows.assign(us=(rows["median_ms"] * 1e3).map(lambda v: f"{v:,.1f}"),
+                       miss=rows["cheap_variant_miss_rate"].map(lambda v: f"{v:.1%}"),
+                       budget_t=rows["budget"].map(fmt_tokens),
+                       length_t=rows["length"].map(fmt_tokens))
+    columns = {"gpus": "GPUs", "length_t": "length", "batch": "batch", "page_size": "page size",
+               "budget_t": "budget", "phase": "phase", "us": "us (slowest rank, median)",
+               "miss": "K/N-per-GPU variant misses"}
+    return table(rows, columns, "cp-table", numeric={"us"})
+
+
 def _header(df: pd.DataFrame, meta: dict) -> str:
     backends = set(df["backend"].dropna()) if "backend" in df else set()
     cpu = meta.get("backend") == "numpy" or backends == {"numpy"}
@@ -142,7 +160,7 @@ def _header(df: pd.DataFrame, meta: dict) -> str:
 
 SECTIONS = (("glance", "At a glance"), ("crossover", "1. Crossover"), ("speedup", "2. Speedup"),
             ("roofline", "3. Roofline"), ("bytes", "4. Bytes"), ("heatmap", "5. Page size x budget"),
-            ("amdahl", "6. End to end"), ("machine", "7. The machine"))
+            ("amdahl", "6. End to end"), ("cp", "7. Several GPUs"), ("machine", "8. The machine"))
 LEDES = {
     "glance": "For each page size, budget and batch: from which context length Quest's decode "
               "attention is faster than dense, and how close it gets to the ideal 1/rho at the "
@@ -160,6 +178,10 @@ LEDES = {
              "the formula 1/S + K/P.",
     "heatmap": "Speedup at one length for every page size and budget: green beats dense.",
     "amdahl": "What the attention speedup is worth for a whole decode step.",
+    "cp": "Context-parallel Quest: pages split across GPUs by position, each GPU scores its "
+          "own pages, an all-gather of local top-K candidates gives the exact global top-K, and "
+          "partial outputs merge by log-sum-exp. Phases are wall times after a device sync; the "
+          "all-gathers sit on the decode critical path.",
     "machine": "Where and how these numbers were measured.",
 }
 
@@ -178,6 +200,7 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
         "bytes": _bytes(df) if have else empty,
         "heatmap": _heatmaps(pairs, meta) if have else empty,
         "amdahl": _amdahl(df, pairs),
+        "cp": _context_parallel(df),
         "machine": meta_table(meta, clocks(df)),
     }
     body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in SECTIONS)
