@@ -27,7 +27,7 @@ def assert_one_line_error(result):
 def test_help():
     result = run("--help")
     assert result.exit_code == 0
-    for command in ("sweep", "doctor", "report", "compare"):
+    for command in ("sweep", "doctor", "report", "compare", "bench", "bytes"):
         assert command in result.output
 
 
