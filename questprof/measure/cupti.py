@@ -82,12 +82,29 @@ def release() -> None:
         _collector.cache_clear()
 
 
+def _init_cuda_through_torch() -> None:
+    """Let torch create the CUDA context before CUPTI is enabled, when torch is there.
+
+    On an H200 (2026-11-29, cupti-python 13.4.0, driver 580.159.04) configure failed with
+    ERROR_INVALID_PARAMETER in every process where CuPy created the context first (3 of 3
+    configurations), and summed the DRAM bytes of a 2 GiB read in every process where torch had
+    initialised CUDA first (3 of 3). Cause not isolated; the order is what was measured to work.
+    """
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+
+
 @functools.cache
 def _collector():
     """One PM sampling collector per process, enabled on the current device (CUPTI allows one)."""
     import cupy
     from cupti import pm_sampling
 
+    _init_cuda_through_torch()
     cupy.zeros(1)  # CUPTI needs the device's primary context to exist
     collector = pm_sampling.Collector(device_index=cupy.cuda.Device().id)
     _check("enable", collector.enable)
