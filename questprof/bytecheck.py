@@ -399,7 +399,7 @@ def _name_naive(row: Row, gathered: float) -> None:
 
 
 def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
-              naive: bool = True) -> CheckResult:
+              naive: bool = True, log=None) -> CheckResult:
     """Measure and judge every stage of every configuration (see module docstring).
 
     configs: questprof.config.Config list; source: cupti | ncu | nvml | all; tolerance: relative.
@@ -425,6 +425,8 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
             more, more_rho = measure_config(cfg, backend, source, flush, full_scale, naive)
             rows += more
             rho += more_rho
+            if log is not None:  # a long check shows it is alive, one line per configuration
+                log(f"{source}: {label(cfg)} measured")
     rows = [judge(r, tolerance) for r in rows]
     for r in rows:  # GPM is a whole-device signal: it decides only when it is the one source
         if r.source == "nvml" and len(usable) > 1 and r.within is not None:

@@ -370,7 +370,8 @@ def bytes_check(
     args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
             "budget": budget, "mode": mode, "layers": None, "repeats": None, "warmup": None}
     _, configs = _configs(args)
-    result = bytecheck.run_check(configs, source, tolerance)
+    result = bytecheck.run_check(configs, source, tolerance,
+                                 log=lambda line: err.print(line, highlight=False))
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if result.rows:
