@@ -362,12 +362,15 @@ def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None
 
 
 def _resumed_meta(out_dir, meta: dict) -> dict:
-    """meta.json of a resumed run: the first run's start and a list of resumptions."""
+    """meta.json of a resumed run: the first run's start and command, and each resumption's."""
     from questprof.results import load
 
     old = load(out_dir)[1]
     resumed = list(old.get("resumed", [])) + [meta["started"]]
-    return {**meta, "started": old.get("started", meta["started"]), "resumed": resumed}
+    commands = list(old.get("resumed_commands", [])) + [meta["command"]]
+    return {**meta, "started": old.get("started", meta["started"]),
+            "command": old.get("command", meta["command"]), "resumed": resumed,
+            "resumed_commands": commands}
 
 
 def run_sweep(scenario, configs, backend, out_dir, layers: int | None = None,

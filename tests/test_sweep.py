@@ -66,11 +66,13 @@ def test_interrupt_keeps_rows_and_resume_finishes_without_redoing(tmp_path, smok
     points = configs(smoke)
     total = len(points) * len(sweep.STAGES)
     with pytest.raises(Interrupt):  # 8 rows: one configuration and two stages of the next
-        sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, progress=stop_after(8), **FAST)
+        sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, progress=stop_after(8),
+                        command="questprof sweep first", **FAST)
     kept = results.read_rows(tmp_path)
     assert len(kept) == 8 and len(results.load(tmp_path)[0]) == 8
     assert len(pd.read_parquet(tmp_path / results.PARQUET)) == 8
-    new = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, resume=True, **FAST)
+    new = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, resume=True,
+                          command="questprof sweep --resume", **FAST)
     assert len(new) == total - 8
     every = results.read_rows(tmp_path)
     assert Counter((r["config_key"], r["stage"]) for r in every).most_common(1)[0][1] == 1
@@ -81,6 +83,8 @@ def test_interrupt_keeps_rows_and_resume_finishes_without_redoing(tmp_path, smok
     assert rows[(key, "quest")]["median_ms"] == pytest.approx(parts)
     meta = results.load(tmp_path)[1]
     assert meta["finished"] and len(meta["resumed"]) == 1
+    assert meta["command"] == "questprof sweep first"
+    assert meta["resumed_commands"] == ["questprof sweep --resume"]
 
 
 class OutOfMemoryError(Exception):
