@@ -356,6 +356,9 @@ def bytes_check(
     mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = None,
     source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = "cupti",
     tolerance: Annotated[float, typer.Option(help="Allowed relative difference")] = 0.05,
+    protocol: Annotated[str, typer.Option(
+        help="CUPTI cold-cache protocol: rotate (layers with their own pools) or flush "
+             "(an L2-evicting read after each call, subtracted)")] = "rotate",
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the table here")] = None,
 ) -> None:
     """DRAM bytes each stage really reads (CUPTI, ncu, NVML) against the formula, stage by stage.
@@ -367,11 +370,14 @@ def bytes_check(
 
     if source not in ("cupti", "ncu", "nvml", "all"):
         raise ConfigError(f"--source {source!r}: expected cupti, ncu, nvml or all")
+    if protocol not in bytecheck.PROTOCOLS:
+        raise ConfigError(f"--protocol {protocol!r}: expected rotate or flush")
     args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
             "budget": budget, "mode": mode, "layers": None, "repeats": None, "warmup": None}
     _, configs = _configs(args)
     result = bytecheck.run_check(configs, source, tolerance,
-                                 log=lambda line: err.print(line, highlight=False))
+                                 log=lambda line: err.print(line, highlight=False),
+                                 protocol=protocol)
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if result.rows:
