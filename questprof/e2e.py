@@ -18,16 +18,14 @@ imported lazily.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
-import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from questprof import model
-from questprof.config import Config, ConfigError, ModelShape, load_scenario, parse_sizes
+from questprof.config import Config, ModelShape
 from questprof.layout import (DTYPE_BYTES, AppendPlan, PagedKV, append_plan, page_tables,
                               rebuild_plan)
 from questprof.measure.timing import Timing, time_layers
@@ -35,8 +33,6 @@ from questprof.measure.timing import Timing, time_layers
 ROPE_THETA = 10000.0  # LLaMA-2 / LongChat
 NORM_EPS = 1e-5
 HEADROOM_BYTES = 2 * 2**30  # cuBLAS workspaces, graph pools, activations, scores, selections
-PAPER_NOTE = ("paper (RTX 6000 Ada, LongChat-7B, 32K tokens, budget 2048): "
-              "1.74x end to end with fp16 weights, 2.23x with 4-bit AWQ weights")
 COLUMNS = ("length", "batch", "page_size", "budget", "mode", "step_ms_dense", "step_ms_quest",
            "attention_ms_dense", "attention_ms_quest", "attention_fraction",
            "attention_speedup", "amdahl_predicted", "measured_speedup", "predicted_4bit")
@@ -296,20 +292,6 @@ def time_step(fn, backend, warmup: int, steps: int, graph: bool) -> tuple[Timing
     return time_layers(backend, lambda _: fn(), 1, warmup, steps), None
 
 
-def predicted_4bit(fraction: float, speedup: float, weight_ratio: float) -> float:
-    """Amdahl speedup with the step's non-attention part scaled by `weight_ratio`.
-
-    Assumption (the paper's AWQ case): the non-attention time of a decode step is bound by
-    reading the weights (at small batch each projection is a GEMV that reads every weight once
-    and does 2 FLOPs per weight), so 4-bit weights shrink it by weight_bytes(4) / weight_bytes(16)
-    while attention, over an fp16 KV cache, keeps its time. Dequantisation work and scales are
-    ignored, so this is an upper bound; at larger batch the MLP turns compute-bound and it
-    overstates more. Relative to the fp16 dense step: dense = (1-f) r + f, Quest = (1-f) r + f/s.
-    """
-    dense = (1.0 - fraction) * weight_ratio + fraction
-    return model.amdahl_speedup(fraction / dense, speedup)
-
-
 def memory_reason(need_bytes: float, free_bytes: float, what: str) -> str | None:
     """Why `what` does not fit in free device memory, or None when it does."""
     if need_bytes <= free_bytes:
@@ -339,7 +321,7 @@ def _row(cfg: Config, base: dict, ms: dict, method: str, reason: str | None) -> 
             "attention_speedup": speedup,
             "amdahl_predicted": model.amdahl_speedup(fraction, speedup),
             "measured_speedup": ms["step_ms_dense"] / ms["step_ms_quest"],
-            "predicted_4bit": predicted_4bit(fraction, speedup, ratio),
+            "predicted_4bit": model.predicted_4bit(fraction, speedup, ratio),
             "status": "ok", "reason": reason}
 
 
@@ -400,66 +382,3 @@ def measure_e2e(shape: ModelShape, lengths, page_size: int, budget: int, batch: 
     del dec
     _free_bytes(device)
     return rows
-
-
-def format_table(rows: list[dict]) -> str:
-    """A short text table of e2e rows."""
-    import pandas as pd
-    frame = pd.DataFrame(rows)
-    cols = ["length", "batch", "budget", "mode", "step_ms_dense", "step_ms_quest",
-            "attention_fraction", "attention_speedup", "amdahl_predicted", "measured_speedup",
-            "predicted_4bit", "method", "status"]
-    text = frame[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}")
-    reasons = [f"{r['length']}: {r['reason']}" for r in rows if r.get("reason")]
-    return "\n".join([text, *reasons])
-
-
-_OPTIONS = (  # flag, type, default, help
-    ("--scenario", str, "longchat-7b", "scenario name or .toml path"),
-    ("--lengths", str, "8k,32k,128k", "context lengths in tokens, range syntax"),
-    ("--page-size", int, 16, "tokens per page"),
-    ("--budget", int, 2048, "Quest's token budget"),
-    ("--batch", int, 1, "requests per step"),
-    ("--mode", str, "per-head", "selection mode (GQA): per-head, shared-max, shared-mean"),
-    ("--steps", int, 20, "timed steps per pass"),
-    ("--warmup", int, 3, "untimed steps before them"),
-    ("--backend", str, "auto", "auto, cupy or numpy"),
-    ("--seed", int, 0, "seed of weights, caches and inputs"),
-    ("--csv", str, None, "also write the rows to this CSV file"),
-)
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python3 -m questprof.e2e",
-                                description="Measured end-to-end decode steps, dense vs Quest.")
-    for flag, kind, default, text in _OPTIONS:
-        p.add_argument(flag, type=kind, default=default, help=text)
-    p.add_argument("--no-graph", action="store_true", help="time eager launches, no CUDA graph")
-    return p
-
-
-def main(argv=None) -> int:
-    """Print a short table of measured end-to-end speedups; exit status 2 on bad input."""
-    from questprof.backends import BackendUnavailable, get_backend
-    args = _parser().parse_args(argv)
-    try:
-        scenario = load_scenario(args.scenario)
-        lengths = parse_sizes(args.lengths)
-        backend = get_backend(args.backend)
-        rows = measure_e2e(scenario.model, lengths, args.page_size, args.budget, args.batch,
-                           backend, args.steps, args.warmup, mode=args.mode, seed=args.seed,
-                           scenario=scenario.name, graph=False if args.no_graph else None)
-    except (ConfigError, BackendUnavailable) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"{scenario.name} on {backend.name}, page size {args.page_size}, budget {args.budget}")
-    print(format_table(rows))
-    print(PAPER_NOTE)
-    if args.csv:
-        import pandas as pd
-        pd.DataFrame(rows).to_csv(args.csv, index=False)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

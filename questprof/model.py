@@ -248,3 +248,17 @@ def kv_pool_bytes(cfg) -> int:
     m = cfg.model
     n = cfg.batch * pages(cfg.length, cfg.page_size)
     return n * m.kv_heads * vector_bytes(m) * (2 * cfg.page_size + 2)
+
+
+def predicted_4bit(fraction: float, speedup: float, weight_ratio: float) -> float:
+    """Amdahl speedup with the step's non-attention part scaled by `weight_ratio`.
+
+    Assumption (the paper's AWQ case): the non-attention time of a decode step is bound by
+    reading the weights (at small batch each projection is a GEMV that reads every weight once
+    and does 2 FLOPs per weight), so 4-bit weights shrink it by weight_bytes(4) / weight_bytes(16)
+    while attention, over an fp16 KV cache, keeps its time. Dequantisation work and scales are
+    ignored, so this is an upper bound; at larger batch the MLP turns compute-bound and it
+    overstates more. Relative to the fp16 dense step: dense = (1-f) r + f, Quest = (1-f) r + f/s.
+    """
+    dense = (1.0 - fraction) * weight_ratio + fraction
+    return amdahl_speedup(fraction / dense, speedup)

@@ -57,9 +57,9 @@ def test_amdahl_columns_follow_the_model(rows):
 
 
 def test_predicted_4bit_limits():
-    assert e2e.predicted_4bit(0.4, 3.0, 1.0) == pytest.approx(model.amdahl_speedup(0.4, 3.0))
-    assert e2e.predicted_4bit(0.4, 3.0, 1e-12) == pytest.approx(3.0)
-    assert e2e.predicted_4bit(0.0, 3.0, 0.25) == pytest.approx(1.0)
+    assert model.predicted_4bit(0.4, 3.0, 1.0) == pytest.approx(model.amdahl_speedup(0.4, 3.0))
+    assert model.predicted_4bit(0.4, 3.0, 1e-12) == pytest.approx(3.0)
+    assert model.predicted_4bit(0.0, 3.0, 0.25) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("length", [1, 15, 16, 17, 77])
@@ -111,20 +111,6 @@ def test_weights_that_do_not_fit_skip_every_row(monkeypatch):
     assert [r["status"] for r in rows] == ["skipped", "skipped"]
     assert all("the weights needs" in r["reason"] for r in rows)
     assert all(r["measured_speedup"] is None for r in rows)
-
-
-def test_main_prints_a_table(capsys):
-    code = e2e.main(["--scenario", "smoke", "--lengths", "64,100", "--page-size", "16",
-                     "--budget", "32", "--backend", "numpy", "--steps", "1", "--warmup", "0"])
-    out = capsys.readouterr().out
-    assert code == 0
-    assert "measured_speedup" in out and "1.74x" in out and "perf-counter" in out
-
-
-def test_main_rejects_bad_input(capsys):
-    assert e2e.main(["--scenario", "smoke", "--lengths", "2k..1k", "--backend", "numpy"]) == 2
-    assert "descending range" in capsys.readouterr().err
-    assert e2e.main(["--scenario", "smoke", "--budget", "20", "--backend", "numpy"]) == 2
 
 
 def _relative_error(a, b) -> float:
