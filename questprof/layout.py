@@ -8,6 +8,7 @@ Shapes (N physical pages, H kv heads, S page size, d head dim, B requests, nnz =
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -120,6 +121,17 @@ def random_paged_kv(rng, lengths, page_size: int, kv_heads: int, head_dim: int, 
     summary = np.full((num_pages, kv_heads, 2, head_dim), np.nan, dtype=np.float32)
     return PagedKV(to_storage(k, dtype), to_storage(v, dtype), to_storage(summary, dtype),
                    indptr, indices, last, tuple(int(n) for n in lengths), page_size, dtype)
+
+
+TILE = (1 << 22) + 40  # random values tiled into large pools; not a multiple of any page size
+
+
+def tiled(xp, tile, shape, offset: int = 0):
+    """An array of `shape` holding `tile` repeated from `offset` elements in (numpy or cupy):
+    pools of many GiB without drawing that many random numbers."""
+    total = math.prod(shape)
+    reps = -(-(total + offset) // tile.size)
+    return xp.tile(tile, reps)[offset:offset + total].reshape(shape)
 
 
 def random_queries(rng, batch: int, q_heads: int, head_dim: int, dtype: str) -> np.ndarray:

@@ -17,15 +17,14 @@ import numpy as np
 
 from questprof import model
 from questprof.config import ConfigError
-from questprof.layout import (AppendPlan, PagedKV, append_plan, page_tables, random_queries,
-                              to_storage)
+from questprof.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
+                              random_queries, tiled, to_storage)
 from questprof.measure.timing import time_layers
 from questprof.results import STAGE_ORDER, ResultsWriter, done_keys, now, read_rows
 
 STAGES = STAGE_ORDER  # summary, estimate, topk, attention, dense, then quest from their times
 L2_FACTOR = 4  # pools of all simulated layers >= 4x L2: a pass cannot be served from L2
 L2_DEFAULT = 60 * 1024 * 1024  # H200, when the device's own figure is unknown
-TILE = (1 << 22) + 40  # random values tiled into the pools; not a multiple of any page size
 ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-byte aligned
 FREE_FRACTION = 0.9  # use at most this share of free memory
 HOST_COPIES = 6  # NumPy backend: the pool, and float64 copies of K and V in reference.attention
@@ -127,13 +126,6 @@ def fit_reason(cfg, backend, layers: int) -> str | None:
             f"{free / gib:.1f} GiB free")
 
 
-def _fill(xp, tile, shape, offset: int):
-    """An array of `shape` holding `tile` repeated, starting `offset` elements in."""
-    total = math.prod(shape)
-    reps = -(-(total + offset) // tile.size)
-    return xp.tile(tile, reps)[offset:offset + total].reshape(shape)
-
-
 def _device_plan(backend, plan: AppendPlan) -> AppendPlan:
     return AppendPlan(*(backend.asarray(a) for a in (plan.page_ids, plan.first, plan.end)))
 
@@ -158,7 +150,7 @@ def _pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], np.ndarray]:
     prefill = _device_plan(backend, append_plan(*tables, lengths, cfg.page_size))
     kvs = []
     for layer in range(layers):
-        k, v = (_fill(xp, tile, shape, ALIGN * (2 * layer + i)) for i in (0, 1))
+        k, v = (tiled(xp, tile, shape, ALIGN * (2 * layer + i)) for i in (0, 1))
         summ = xp.full((n, m.kv_heads, 2, m.head_dim), nan, dtype=tile.dtype)
         kv = backend.put(PagedKV(k, v, summ, *(backend.asarray(t) for t in tables),
                                  tuple(lengths), cfg.page_size, m.dtype))
