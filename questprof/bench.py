@@ -16,7 +16,7 @@ import numpy as np
 from questprof import model
 from questprof.config import Config, ModelShape
 from questprof.layout import PagedKV, append_plan, page_tables, rebuild_plan
-from questprof.measure.timing import time_layers
+from questprof.measure.timing import cold_layers, time_layers
 
 L2_BYTES = 60 << 20
 POOL_BUDGET = 24 << 30  # device bytes of our KV pools per case (the torch peers take as much)
@@ -45,11 +45,8 @@ def _storage(x, dtype: str):
 
 
 def _layers(cfg: Config) -> int:
-    """Layers so a pass of the smallest timed stage reads >= 8 x L2, within POOL_BUDGET."""
-    work = model.stage_work(cfg)
-    smallest = min(work["estimate"].read, work["attention"].read)
-    want = max(2, -(-8 * L2_BYTES // int(smallest)))
-    return int(max(2, min(want, POOL_BUDGET // model.kv_pool_bytes(cfg))))
+    """Layers of a cold pass (measure.timing.cold_layers) within POOL_BUDGET."""
+    return cold_layers(cfg, L2_BYTES, POOL_BUDGET)
 
 
 def build_pools(backend, cfg: Config, layers: int) -> list[PagedKV]:

@@ -1,14 +1,14 @@
 """Grid -> configurations -> result rows (one per configuration x stage), on disk as they finish.
 
 Each configuration gets a cold-cache set of KV pools, one per simulated layer: on a GPU enough
-layers that the pools are >= 4x the L2 (60 MiB on an H200), capped by the model's layers; on
-the NumPy backend one. Summaries are built by the `summary` stage over a prefill plan, then each
-stage is timed over a pass of all layers (measure.timing.time_layers).
+layers that a pass of its smallest timed stage reads >= 8x the L2 (measure.timing.cold_layers),
+within half the free memory; on the NumPy backend one. Summaries are built by the `summary`
+stage over a prefill plan, then each stage is timed over a pass of all layers
+(measure.timing.time_layers).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -19,11 +19,11 @@ from questprof import model
 from questprof.config import ConfigError
 from questprof.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
                               random_queries, tiled, to_storage)
-from questprof.measure.timing import time_layers
+from questprof.measure.timing import cold_layers, time_layers
 from questprof.results import STAGE_ORDER, ResultsWriter, done_keys, now, read_rows
 
 STAGES = STAGE_ORDER  # summary, estimate, topk, attention, dense, then quest from their times
-L2_FACTOR = 4  # pools of all simulated layers >= 4x L2: a pass cannot be served from L2
+POOL_FRACTION = 0.5  # simulated layers' pools take at most half the free device memory
 L2_DEFAULT = 60 * 1024 * 1024  # H200, when the device's own figure is unknown
 ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-byte aligned
 FREE_FRACTION = 0.9  # use at most this share of free memory
@@ -80,15 +80,17 @@ def _l2_bytes() -> int:
 
 
 def sim_layers(cfg, backend, layers: int | None = None) -> int:
-    """Layers of the timed pass: `layers` if given, 1 on a CPU backend, else enough for 4x L2."""
+    """Layers of the timed pass: `layers` if given, 1 on a CPU backend, else a cold pass
+    (measure.timing.cold_layers) within the free device memory."""
     if layers is not None:
         if layers < 1:
             raise ConfigError(f"layers {layers} must be at least 1")
         return layers
     if not backend.is_gpu:
         return 1
-    need = math.ceil(L2_FACTOR * _l2_bytes() / model.kv_pool_bytes(cfg))
-    return max(1, min(cfg.model.layers, need))
+    free = free_bytes(backend)
+    budget = POOL_FRACTION * free if free is not None else model.kv_pool_bytes(cfg)
+    return cold_layers(cfg, _l2_bytes(), budget)
 
 
 def _host_available() -> int | None:

@@ -133,11 +133,14 @@ class FakeGpu:
     is_gpu = True
 
 
-def test_sim_layers_cover_four_times_l2(smoke, monkeypatch):
+def test_sim_layers_make_a_cold_pass_within_free_memory(smoke, monkeypatch):
+    from questprof.measure.timing import cold_layers
+
     monkeypatch.setattr(sweep, "_l2_bytes", lambda: 60 << 20)
+    monkeypatch.setattr(sweep, "free_bytes", lambda backend: 80 << 30)
     small, big = configs(smoke, lengths="1000,1m", budgets="64")
-    pool = sweep.model.kv_pool_bytes(small)
-    assert sweep.sim_layers(small, FakeGpu()) == min(smoke.model.layers, -(-(240 << 20) // pool))
+    assert sweep.sim_layers(small, FakeGpu()) == cold_layers(small, 60 << 20, 40 << 30) > 2
+    monkeypatch.setattr(sweep, "free_bytes", lambda backend: 2 * sweep.model.kv_pool_bytes(big))
     assert sweep.sim_layers(big, FakeGpu()) == 1
     assert sweep.sim_layers(small, NumpyBackend()) == 1
     assert sweep.sim_layers(small, FakeGpu(), layers=7) == 7
@@ -184,3 +187,21 @@ def test_budget_independent_stages_are_timed_once(tmp_path, monkeypatch):
     assert sorted(calls) == sorted(["summary", "estimate", "dense"] + ["topk", "attention"] * 3)
     dense = {r["median_ms"] for r in rows if r["stage"] == "dense"}
     assert len(dense) == 1 and len([r for r in rows if r["stage"] == "dense"]) == 3
+
+
+def test_cold_layers_make_the_smallest_stage_outgrow_l2():
+    """A pass of the smallest timed stage reads >= 8x L2; pools stay within the budget."""
+    from questprof.config import Config, load_scenario
+    from questprof.measure.timing import COLD_FACTOR, cold_layers
+
+    shape = load_scenario("longchat-7b").model
+    l2 = 60 << 20
+    for length in (2048, 32768, 131072):
+        cfg = Config(shape, length, 1, 16, 2048)
+        work = sweep.model.stage_work(cfg)
+        smallest = min(work["estimate"].read, work["attention"].read)
+        layers = cold_layers(cfg, l2, 1 << 40)
+        assert layers >= 2 and layers * smallest >= COLD_FACTOR * l2
+        assert (layers - 1) * smallest < COLD_FACTOR * l2 or layers == 2
+    big = Config(shape, 131072, 8, 16, 2048)
+    assert cold_layers(big, l2, 20 << 30) == 1  # one 16 GiB pool fits a 20 GiB budget
