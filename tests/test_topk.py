@@ -61,6 +61,23 @@ def test_long_rows(gpu, rng, pages, k_pages):
     _check(gpu, scores, lengths, k_pages)
 
 
+@pytest.mark.parametrize("kind", ["extremes", "decades", "near-equal", "constant"])
+def test_score_ranges(gpu, rng, kind):
+    """The range select narrows [min, max] of the row: huge spans (infinities, +-1e30,
+    subnormals, both signs), spans of 60 decades, a span of a few ulps, and no span at all."""
+    pages = 5000
+    if kind == "extremes":
+        scores = rng.choice(np.array([-1e30, 1e30, 1e-40, -1e-40, 0.0, -0.0, 5.0, np.inf, -np.inf],
+                                     dtype=np.float32), size=(2, pages + 3))
+    elif kind == "decades":
+        scores = (rng.standard_normal((2, pages + 3)) * 10.0 ** rng.integers(-30, 30, (2, pages + 3)))
+    elif kind == "near-equal":
+        scores = 40 + rng.random((2, pages + 3)) * 1e-5
+    else:
+        scores = np.full((2, pages + 3), 2.5)
+    _check(gpu, scores.astype(np.float32), [16 * pages, 16 * 2 + 5], 300, sinks=2, window=3)
+
+
 def test_budget_too_small_for_reservations(gpu, rng):
     kv, _ = _tables(gpu, [160])
     with pytest.raises(ValueError):
