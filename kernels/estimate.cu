@@ -3,23 +3,86 @@
 // and all G query heads of that KV head are scored from it (per-head writes G scores; shared-max
 // and shared-mean reduce the G scores to one per KV head).
 //
-// Work unit = (CSR entry i, KV head h), KV head fastest so consecutive units read consecutive
-// boxes of one page (Hkv * 2 * D * 2 bytes contiguous). A unit is served by LANES = D/8 lanes,
-// each holding 8 dimensions of min and max (two 16-byte loads). Each thread keeps UNROLL units'
-// loads in flight before it computes.
+// Work unit = (CSR entry i, KV head h), unit = i * Hkv + h: KV head fastest so consecutive units
+// read consecutive boxes of one page (Hkv * 2 * D * 2 bytes contiguous). A unit is served by
+// LANES = D/8 lanes, each holding 8 dimensions of min and max (two 16-byte loads). A tile is
+// UNROLL * GROUPS consecutive units (one batch of UNROLL units per thread).
+//
+// Persistent: the launcher starts one resident wave (est_blocks_per_sm per SM) and each block
+// walks tiles grid-stride. v3 launched one short-lived block per tile: 2.6 waves whose loads all
+// waited on an index load first, 12.9 us vs a 7.4 us floor at 32K on the H200. Here a thread runs
+// a three-stage pipeline over its tiles: page ids two tiles ahead, boxes one tile ahead (double
+// buffer), scoring of the current tile, so its DRAM loads never drain between batches.
 #include "common.cuh"
 
 enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
 
 constexpr int EST_THREADS = 256;
-constexpr int EST_UNROLL = 4;  // 8 took 128 registers (2 blocks/SM): 15.4 us vs 12.8 at 32K, H200
+constexpr int EST_UNROLL = 2;  // units per batch; with the double buffer 2-4 units (64-128 B) in
+                               // flight per thread, 64-128 KB per SM: Little's law at 4.5 TB/s and
+                               // ~0.7 us asks ~24 KB per SM. 4 would need > 64 registers.
+// Resident blocks per SM, the register cap the launcher sizes its one wave by (EST_BLOCKS_PER_SM
+// in questprof/backends/cupy.py). nvcc 13.0 sm_90: G 1-2 fit 64 registers (4 blocks, 1024
+// threads); G 4 needs 77-79 (3) and G 8 108 (2), and spill at one block more (G 8: 16-52 B at 3).
+constexpr int est_blocks_per_sm(int g) { return g <= 2 ? 4 : g == 4 ? 3 : 2; }
+
+struct Unit { int i, h; };     // CSR entry and KV head of unit i * Hkv + h
+struct Stride { int di, dh; }; // a fixed step in units as (entries, heads), dh < Hkv
+struct Box { uint4 lo, hi; };  // one lane's 8 dimensions of a box's min and max
+
+// A thread's units advance by fixed strides, so (i, h) advance by adds with one carry instead of
+// a 64-bit division per unit (v3 divided twice per unit).
+struct Walk {
+  int kv_heads, nnz;
+  QP_DEVICE Unit unit(int n) const { return {n / kv_heads, n % kv_heads}; }
+  QP_DEVICE Stride stride(int units) const { return {units / kv_heads, units % kv_heads}; }
+  QP_DEVICE bool valid(Unit u) const { return u.i < nnz; }  // i < nnz <=> unit < nnz * Hkv
+  QP_DEVICE Unit next(Unit u, Stride s) const {
+    u.i += s.di;
+    u.h += s.dh;
+    if (u.h >= kv_heads) { u.h -= kv_heads; ++u.i; }
+    return u;
+  }
+};
+
+// Request of entry i, carried: a thread's entries only grow, so it searches kv_indptr again only
+// when an entry passes the current request's end (batch 1: once, with no loads).
+struct Request {
+  int b = 0, end = 0;
+  QP_DEVICE void seek(const int* __restrict__ indptr, int batch, int i) {
+    if (i < end) return;
+    b = request_of(indptr, batch, i);
+    end = b + 1 < batch ? __ldg(indptr + b + 1) : 0x7fffffff;
+  }
+};
+
+QP_DEVICE void load_pages(const int* __restrict__ indices, const Walk& walk, Stride within, Unit u,
+                          int page[EST_UNROLL]) {
+#pragma unroll
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within))
+    page[r] = walk.valid(u) ? __ldg(indices + u.i) : 0;
+}
+
+template <int D>
+QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const Walk& walk, Stride within,
+                          const int page[EST_UNROLL], Unit u, int c, Box box[EST_UNROLL]) {
+#pragma unroll
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
+    box[r].lo = box[r].hi = make_uint4(0, 0, 0, 0);
+    if (walk.valid(u)) {
+      const uint16_t* p = summ + ((size_t)page[r] * walk.kv_heads + u.h) * 2 * D + c * VEC;
+      box[r].lo = load16_stream(p);
+      box[r].hi = load16_stream(p + D);
+    }
+  }
+}
 
 template <typename T, int D, int G>
-QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const uint4& lo, const uint4& hi,
-                           int qhead0, int c, float u[G]) {
+QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box& box, int qhead0, int c,
+                           float u[G]) {
   float m[VEC], M[VEC], x[VEC];
-  unpack8<T>(lo, m);
-  unpack8<T>(hi, M);
+  unpack8<T>(box.lo, m);
+  unpack8<T>(box.hi, M);
 #pragma unroll
   for (int t = 0; t < G; ++t) {
     unpack8<T>(load16(q + (size_t)(qhead0 + t) * D + c * VEC), x);
@@ -30,46 +93,63 @@ QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const uint4& lo, cons
   }
 }
 
+// Units past the end still shuffle (full-warp masks) but write nothing.
 template <typename T, int D, int G, int MODE>
-__global__ void __launch_bounds__(EST_THREADS)
-estimate_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
-                const int* __restrict__ indptr, const int* __restrict__ indices,
-                float* __restrict__ scores, int batch, int kv_heads, int nnz) {
-  constexpr int LANES = D / VEC, GROUPS = EST_THREADS / LANES;
-  const int c = threadIdx.x % LANES, group = threadIdx.x / LANES;
-  const long total = (long)nnz * kv_heads;
-  long unit[EST_UNROLL];
-  uint4 lo[EST_UNROLL], hi[EST_UNROLL];
+QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict__ indptr,
+                           float* __restrict__ scores, int batch, const Walk& walk, Stride within,
+                           const Box box[EST_UNROLL], Unit u, int c, Request& req) {
+  constexpr int LANES = D / VEC;
 #pragma unroll
-  for (int r = 0; r < EST_UNROLL; ++r) {  // all loads first: 2 * UNROLL 16-byte loads in flight
-    unit[r] = ((long)blockIdx.x * EST_UNROLL + r) * GROUPS + group;
-    lo[r] = hi[r] = make_uint4(0, 0, 0, 0);
-    if (unit[r] < total) {
-      const int i = (int)(unit[r] / kv_heads), h = (int)(unit[r] % kv_heads);
-      const uint16_t* box = summ + ((size_t)__ldg(indices + i) * kv_heads + h) * 2 * D + c * VEC;
-      lo[r] = load16_stream(box);
-      hi[r] = load16_stream(box + D);
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < EST_UNROLL; ++r) {
-    // Units past the end still shuffle (full-warp masks) but write nothing.
-    const bool valid = unit[r] < total;
-    const long v_unit = valid ? unit[r] : 0;
-    const int i = (int)(v_unit / kv_heads), h = (int)(v_unit % kv_heads);
-    const int b = request_of(indptr, batch, i);
-    float u[G];
-    score_heads<T, D, G>(q, lo[r], hi[r], (b * kv_heads + h) * G, c, u);
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
+    const bool valid = walk.valid(u);
+    if (valid) req.seek(indptr, batch, u.i);
+    float s[G];
+    score_heads<T, D, G>(q, box[r], (req.b * walk.kv_heads + u.h) * G, c, s);
     if (MODE == PER_HEAD) {
 #pragma unroll
       for (int t = 0; t < G; ++t)
-        if (valid && c == t % LANES) scores[(size_t)(h * G + t) * nnz + i] = u[t];
+        if (valid && c == t % LANES) scores[(size_t)(u.h * G + t) * walk.nnz + u.i] = s[t];
     } else if (valid && c == 0) {
-      float v = u[0];
+      float v = s[0];
 #pragma unroll
-      for (int t = 1; t < G; ++t) v = MODE == SHARED_MAX ? fmaxf(v, u[t]) : v + u[t];
-      scores[(size_t)h * nnz + i] = MODE == SHARED_MEAN ? v / G : v;
+      for (int t = 1; t < G; ++t) v = MODE == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
+      scores[(size_t)u.h * walk.nnz + u.i] = MODE == SHARED_MEAN ? v / G : v;
     }
+  }
+}
+
+template <typename T, int D, int G, int MODE>
+__global__ void __launch_bounds__(EST_THREADS, est_blocks_per_sm(G))
+estimate_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
+                const int* __restrict__ indptr, const int* __restrict__ indices,
+                float* __restrict__ scores, int batch, int kv_heads, int nnz) {
+  constexpr int LANES = D / VEC, GROUPS = EST_THREADS / LANES, TILE = EST_UNROLL * GROUPS;
+  const int c = threadIdx.x % LANES;
+  const Walk walk{kv_heads, nnz};
+  const Stride within = walk.stride(GROUPS), across = walk.stride(gridDim.x * TILE);
+  const long tiles = ((long)nnz * kv_heads + TILE - 1) / TILE;
+  // now: the tile being scored; ahead: its boxes in flight; ahead2: its page ids in flight.
+  Unit now = walk.unit(blockIdx.x * TILE + threadIdx.x / LANES);
+  Unit ahead = walk.next(now, across), ahead2 = walk.next(ahead, across);
+  int first[EST_UNROLL], page[EST_UNROLL];
+  Box a[EST_UNROLL], b[EST_UNROLL];
+  load_pages(indices, walk, within, now, first);  // both tiles' ids before any box load waits
+  load_pages(indices, walk, within, ahead, page);
+  load_boxes<D>(summ, walk, within, first, now, c, a);
+  Request req;
+  // Two buffers swap roles each step (no register copies, which would wait on their loads).
+  auto step = [&](const Box (&cur)[EST_UNROLL], Box (&nxt)[EST_UNROLL]) {
+    load_boxes<D>(summ, walk, within, page, ahead, c, nxt);
+    load_pages(indices, walk, within, ahead2, page);
+    score_batch<T, D, G, MODE>(q, indptr, scores, batch, walk, within, cur, now, c, req);
+    now = ahead;
+    ahead = ahead2;
+    ahead2 = walk.next(ahead2, across);
+  };
+  for (long t = blockIdx.x; t < tiles; t += 2L * gridDim.x) {  // block-uniform: shuffles stay full
+    step(a, b);
+    if (t + gridDim.x >= tiles) break;
+    step(b, a);
   }
 }
 

@@ -21,7 +21,8 @@ _TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common
 GROUPS = (1, 2, 4, 8)  # q heads per CTA the kernels are instantiated for
 HEAD_DIMS = (64, 128)
 PAGE_SIZES = (8, 16, 32, 64)
-EST_THREADS, EST_UNROLL = 256, 4  # kernels/estimate.cu
+EST_THREADS, EST_UNROLL = 256, 2  # kernels/estimate.cu
+EST_BLOCKS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}  # G -> est_blocks_per_sm (its register cap)
 TK_THREADS = 1024  # kernels/topk.cu
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 ATT_WARPS = 4  # kernels/attention.cu
@@ -117,9 +118,10 @@ def estimate(q, kv: PagedKV, mode: str = "per-head"):
     nnz, d = int(kv.kv_indices.size), kv.head_dim
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    units_per_block = EST_UNROLL * EST_THREADS // (d // 8)
-    grid = -(-nnz * kv.kv_heads // units_per_block)
-    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {_group(g)}, {MODES.index(mode)}>"
+    tiles = -(-nnz * kv.kv_heads // (EST_UNROLL * EST_THREADS // (d // 8)))
+    # Persistent: at most one resident wave, each block walks tiles grid-stride (>= 1 for nnz 0).
+    grid = max(1, min(tiles, EST_BLOCKS_PER_SM[_group(g)] * _sm_count()))
+    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
     _kernel("estimate", expr)((grid,), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
         _i32(nnz)))
