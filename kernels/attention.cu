@@ -31,7 +31,6 @@ template <int G> struct Pipe {
 
 struct RowPlan {
   int b, kv_head, qh0, row_pages, req_pages, tail_len, indptr_b;
-  const int* sel_row;  // nullptr = dense
 };
 
 // 16-byte global -> shared copy that bypasses registers and L1; src_size 0 writes zeros and
@@ -129,7 +128,7 @@ struct Decode {
 
 QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict__ last_len,
                            const int* __restrict__ sel, const int* __restrict__ count,
-                           int batch, int q_heads, int kv_heads, int rows_per_req, int k_sel, int G,
+                           int batch, int q_heads, int kv_heads, int rows_per_req, int G,
                            int count_per_head) {
   RowPlan r;
   const int row = blockIdx.y, j = row % rows_per_req;
@@ -139,7 +138,6 @@ QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict
   r.indptr_b = indptr[r.b];
   r.req_pages = indptr[r.b + 1] - r.indptr_b;
   r.tail_len = last_len[r.b];
-  r.sel_row = sel ? sel + ((size_t)j * batch + r.b) * k_sel : nullptr;
   r.row_pages = sel ? count[count_per_head ? (size_t)j * batch + r.b : r.b] : r.req_pages;
   return r;
 }
@@ -206,16 +204,29 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   __shared__ int s_page[ATT_MAX_PAGES], s_valid[ATT_MAX_PAGES];
   const int splits = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int c = lane % St::LANES, sub = lane / St::LANES;
+  // The split's positions load before the row plan is known (their address needs only block
+  // indices), so the chain to the first KV byte is plan | positions -> page ids -> KV.
+  const int p_begin = blockIdx.x * pages_per_split;
+  const int* row_sel = sel ? sel + ((size_t)(blockIdx.y % rows_per_req) * batch +
+                                     blockIdx.y / rows_per_req) * k_sel : nullptr;
+  int pos[ATT_MAX_PAGES / (ATT_WARPS * 32)];
+#pragma unroll
+  for (int u = 0; u < ATT_MAX_PAGES / (ATT_WARPS * 32); ++u) {
+    const int i = threadIdx.x + u * ATT_WARPS * 32, p = p_begin + i;
+    pos[u] = row_sel && i < pages_per_split && p < k_sel ? __ldg(row_sel + p) : p;
+  }
   const RowPlan r = plan_row(indptr, last_len, sel, count, batch, q_heads, kv_heads,
-                             rows_per_req, k_sel, G, count_per_head);
+                             rows_per_req, G, count_per_head);
   St st;
   st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, c, scale_log2);
-  const int p_begin = blockIdx.x * pages_per_split;
   const int nb = max(0, min(r.row_pages, p_begin + pages_per_split) - p_begin);  // <= ATT_MAX_PAGES
-  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
-    const int pos = r.sel_row ? r.sel_row[p_begin + i] : p_begin + i;
-    s_page[i] = indices[r.indptr_b + pos];
-    s_valid[i] = pos == r.req_pages - 1 ? r.tail_len : S;
+#pragma unroll
+  for (int u = 0; u < ATT_MAX_PAGES / (ATT_WARPS * 32); ++u) {
+    const int i = threadIdx.x + u * ATT_WARPS * 32;
+    if (i < nb) {
+      s_page[i] = indices[r.indptr_b + pos[u]];
+      s_valid[i] = pos[u] == r.req_pages - 1 ? r.tail_len : S;
+    }
   }
   __syncthreads();
   // Warp w takes tiles w, w + 4, ...; NS - 1 tiles are in flight while one is computed.
@@ -241,22 +252,43 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   finish<T, D, S, G>(st, r, c, q_heads, splits, out, lse, ws_o, ws_lse);
 }
 
-// grid (B * rows_per_req), block G * D: log-sum-exp merge of the splits of one row.
+// grid (B * rows_per_req), block G * D: log-sum-exp merge of the splits of one row. One pass
+// with a running maximum, MERGE_CHUNK splits' loads issued together: <= 8 splits (every batch-1
+// case up to 32K) cost one dependent load instead of the two passes' four.
+constexpr int MERGE_CHUNK = 8;
+
 template <typename T>
 __global__ void merge_kernel(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
                              uint16_t* __restrict__ out, float* __restrict__ lse, int splits,
                              int G, int D, int q_heads, int rows_per_req) {
   const int h = threadIdx.x / D, dim = threadIdx.x % D, row = blockIdx.x;
   const size_t base = (size_t)row * splits * G + h;
-  float M = -__int_as_float(0x7f800000);
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, ws_lse[base + (size_t)s * G]);
-  const float M_use = M == -__int_as_float(0x7f800000) ? 0.f : M;  // a row with no page at all
-  float W = 0.f, A = 0.f;
-  for (int s = 0; s < splits; ++s) {
-    const float w = exp2f(ws_lse[base + (size_t)s * G] - M_use);  // empty split: exp2(-inf) = 0
-    W += w;
-    A += w * ws_o[(base + (size_t)s * G) * D + dim];
+  const float NEG_INF = -__int_as_float(0x7f800000);
+  float M = NEG_INF, W = 0.f, A = 0.f;
+  for (int s0 = 0; s0 < splits; s0 += MERGE_CHUNK) {
+    float l[MERGE_CHUNK], o[MERGE_CHUNK];
+#pragma unroll
+    for (int j = 0; j < MERGE_CHUNK; ++j) {
+      const size_t at = base + (size_t)(s0 + j) * G;
+      l[j] = s0 + j < splits ? __ldg(ws_lse + at) : NEG_INF;  // empty split: lse -inf, weight 0
+      o[j] = s0 + j < splits ? __ldg(ws_o + at * D + dim) : 0.f;
+    }
+    float m = M;
+#pragma unroll
+    for (int j = 0; j < MERGE_CHUNK; ++j) m = fmaxf(m, l[j]);
+    const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all so far
+    const float scale = exp2f(M - m_use);       // M = -inf: W = A = 0, scale 0
+    W *= scale;
+    A *= scale;
+#pragma unroll
+    for (int j = 0; j < MERGE_CHUNK; ++j) {
+      const float w = exp2f(l[j] - m_use);
+      W += w;
+      A = fmaf(w, o[j], A);
+    }
+    M = m;
   }
+  const float M_use = M == NEG_INF ? 0.f : M;
   const size_t qh = (size_t)(row / rows_per_req) * q_heads + (row % rows_per_req) * G + h;
   out[qh * D + dim] = Storage<T>::from_float(W > 0.f ? A / W : 0.f);
   if (dim == 0) lse[qh] = W > 0.f ? (M_use + log2f(W)) * LN2 : M;
