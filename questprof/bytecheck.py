@@ -135,7 +135,8 @@ def agreement(rows: list[Row], tolerance: float = AGREEMENT) -> tuple[bool, list
              if r.source == "cupti" and r.within is not None and (r.config, r.stage) in ncu]
     if not pairs:
         return True, []
-    diff = lambda p: p[0].read_ratio / p[1].read_ratio - 1  # noqa: E731 (sizes may differ)
+    def diff(p):  # ratios, since the calibration reads differ in size; ncu at 0 B disagrees
+        return p[0].read_ratio / p[1].read_ratio - 1 if p[1].read_ratio > 0 else math.inf
     worst = max(pairs, key=lambda p: abs(diff(p)))
     lines = [f"CUPTI vs ncu: {len(pairs)} stage rows, largest difference {diff(worst):+.2%} "
              f"({worst[0].stage}, {worst[0].config})"]
@@ -319,9 +320,10 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
     layers = {"ncu": 1}.get(source, 2)
     if source == "cupti" and protocol == "rotate":
         layers = rotation_layers(cfg, cupy.cuda.runtime.memGetInfo()[0])
+    rotate = source == "cupti" and protocol == "rotate"
     scores = model.stage_work(cfg)["topk"].read
-    topk_calls = math.ceil(ROTATE_BYTES / max(scores, 1)) if source == "cupti" else 1
-    work = Workload(cfg, backend, layers=layers, topk_calls=min(topk_calls, 1024))
+    topk_calls = min(math.ceil(ROTATE_BYTES / max(scores, 1)), 1024) if rotate else 1
+    work = Workload(cfg, backend, layers=layers, topk_calls=topk_calls)
     union = work.union_pages()
     works = model.stage_work(cfg, union)
     works["quest"] = model.quest_work(cfg, union)
@@ -331,6 +333,8 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
     rows = [Row(label(cfg), s, source, works["attention" if s == "naive" else s].read,
                 works["attention" if s == "naive" else s].unmodelled_read,
                 works["attention" if s == "naive" else s].write, *got[s]) for s in stages]
+    if rotate:
+        _note_short_rotations(rows, work)
     if naive:
         _name_naive(rows[-1], work.gathered_bytes())
     if source == "nvml":  # GPM gives read + write together: no read rho
@@ -341,6 +345,16 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
                  model.rho(cfg.page_size, k, cfg.pages), model.quest_rho(cfg, union),
                  unmodelled / works["dense"].read)
     return rows, [rho]
+
+
+def _note_short_rotations(rows: list[Row], work: Workload) -> None:
+    """Name the rows whose cold rotation stayed under ROTATE_BYTES (pools capped by memory or
+    MAX_LAYERS): part of their input may come from L2, so their read can fall short."""
+    for row in rows:
+        passed = work.calls(row.stage) * row.modelled_read
+        if row.modelled_read >= MIN_JUDGED_BYTES and passed < ROTATE_BYTES:
+            row.note = (f"rotation pass {passed / 2**20:,.0f} MiB < {ROTATE_BYTES / 2**20:,.0f} "
+                        "MiB: part may come from L2")
 
 
 def _name_naive(row: Row, gathered: float) -> None:

@@ -152,3 +152,49 @@ def test_cupti_window_leaves_out_its_first_sample():
     samples = [SimpleNamespace(metric_values=v) for v in ([4e9, 1e6], [1e9, 10.0], [2e9, 20.0])]
     assert cupti.sum_samples(samples) == (3e9, 30.0)
     assert cupti.sum_samples(samples[:1]) == (0.0, 0.0)
+
+
+def test_rotation_follows_the_smallest_judged_input():
+    """H200: two 128K layers' chosen pages (budget 1024, 34 MB) sat in L2 and read -92%."""
+    shape = load_scenario("longchat-7b").model
+    free = 140e9
+    sparse = Config(shape, length=131072, batch=1, page_size=16, budget=1024)
+    works = model.stage_work(sparse)
+    layers = bytecheck.rotation_layers(sparse, free)
+    assert works["attention"].read < works["estimate"].read
+    assert layers * works["attention"].read >= bytecheck.ROTATE_BYTES
+    assert (layers - 1) * works["attention"].read < bytecheck.ROTATE_BYTES
+    assert layers * model.kv_pool_bytes(sparse) <= 0.5 * free  # and the pools fit
+    assert bytecheck.rotation_layers(sparse, 4 * model.kv_pool_bytes(sparse)) == 2
+
+
+def test_topk_rotates_over_score_copies():
+    from questprof.backends.numpy import NumpyBackend
+
+    work = bytecheck.Workload(smoke_config(), NumpyBackend(), layers=2, topk_calls=5)
+    assert work.calls("topk") == 5 and work.calls("estimate") == work.calls("dense") == 2
+    assert work.topk_scores[0] is work.scores[0] and work.topk_scores[3] is not work.scores[1]
+    np.testing.assert_array_equal(work.topk_scores[3], work.scores[1])
+    for call in range(work.calls("topk")):
+        work.launcher("topk")(call)
+
+
+def test_agreement_with_ncu_at_zero_bytes_is_a_disagreement():
+    rows = [row("dense", 64 * MIB, 64 * MIB, source="cupti"), row("dense", 64 * MIB, 0, source="ncu")]
+    rows[1].within = True  # judged elsewhere; a 0 B ncu count must not divide by zero
+    ok, lines = bytecheck.agreement(rows)
+    assert not ok and "inf" in lines[0]
+
+
+def test_short_rotations_are_named():
+    from types import SimpleNamespace
+
+    rows = [row("estimate", 8 * MIB), row("attention", 100 * MIB), row("summary", 1000, 0)]
+    work = SimpleNamespace(calls=lambda stage: 4)  # 4 x 8 MiB < 8 x 60 MiB; 4 x 100 MiB too
+    bytecheck._note_short_rotations(rows, work)
+    assert "rotation pass 32 MiB < 480 MiB" in rows[0].note
+    assert "rotation pass 400 MiB" in rows[1].note and "rotation" not in rows[2].note
+    work = SimpleNamespace(calls=lambda stage: 5)
+    rows = [row("attention", 100 * MIB)]
+    bytecheck._note_short_rotations(rows, work)
+    assert rows[0].note == ""

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
-INTERVAL_NS = 100_000  # 300 samples in a 30 ms window; 10 us gave 3000 to decode, same sums (H200)
+INTERVAL_NS = 100_000  # ~310 samples a 30 ms window (pads too); 10 us: 10x the decoding, same sums
 MAX_SAMPLES = 20_000
 HW_BUFFER = 512 << 20  # cupti-python's default
 PAD_INTERVALS = 5  # idle intervals before and after the region
