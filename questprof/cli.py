@@ -366,7 +366,7 @@ def bytes_check(
     Exit 0 when every judged stage is within tolerance, 1 when one is not, 3 when no
     measurement source is available here (no GPU, no CUPTI).
     """
-    from questprof import bytecheck
+    from questprof import bytecheck, byterows
 
     if source not in ("cupti", "ncu", "nvml", "all"):
         raise ConfigError(f"--source {source!r}: expected cupti, ncu, nvml or all")
@@ -381,8 +381,8 @@ def bytes_check(
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if result.rows:
-        out.print(bytecheck.table(result), highlight=False)
+        out.print(byterows.table(result), highlight=False)
     else:
         err.print(" ".join(result.lines), highlight=False)
-    if check_formula or result.status == bytecheck.EXIT_NO_SOURCE:
+    if check_formula or result.status == byterows.EXIT_NO_SOURCE:
         raise typer.Exit(result.status)

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from questprof import bytecheck, model
-from questprof.bytecheck import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, Row, judge, verdict
+from questprof import bytecheck, byterows, model
+from questprof.byterows import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, Row, judge, verdict
 from questprof.config import Config, load_scenario
 
 MIB = 1 << 20
@@ -133,14 +133,14 @@ def test_cupti_and_ncu_agreement_names_the_stage_beyond_one_percent():
             row("estimate", 4 * MIB, 4 * MIB * 1.03, source="cupti"),
             row("estimate", 4 * MIB, 4 * MIB, source="ncu"),
             row("topk", 1000, 5000, source="cupti"), row("topk", 1000, 1000, source="ncu")]
-    ok, lines = bytecheck.agreement(rows)
+    ok, lines = byterows.agreement(rows)
     assert not ok
     assert "2 stage rows" in lines[0] and "+3.00% (estimate" in lines[0]  # topk: not judged
     assert len(lines) == 2 and "estimate" in lines[1] and "dense" not in lines[1]
-    assert bytecheck.agreement(rows[:2]) == (True, [lines[0].replace(
+    assert byterows.agreement(rows[:2]) == (True, [lines[0].replace(
         "2 stage rows, largest difference +3.00% (estimate", "1 stage rows, largest difference "
         "+0.40% (dense")])
-    assert bytecheck.agreement(rows[:1]) == (True, [])  # nothing to compare
+    assert byterows.agreement(rows[:1]) == (True, [])  # nothing to compare
 
 
 def test_cupti_window_leaves_out_its_first_sample():
@@ -182,7 +182,7 @@ def test_topk_rotates_over_score_copies():
 def test_agreement_with_ncu_at_zero_bytes_is_a_disagreement():
     rows = [row("dense", 64 * MIB, 64 * MIB, source="cupti"), row("dense", 64 * MIB, 0, source="ncu")]
     rows[1].within = True  # judged elsewhere; a 0 B ncu count must not divide by zero
-    ok, lines = bytecheck.agreement(rows)
+    ok, lines = byterows.agreement(rows)
     assert not ok and "inf" in lines[0]
 
 
