@@ -21,7 +21,6 @@ constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (81
 constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;  // two bins per thread in the bin scan
 
 QP_DEVICE uint32_t order_key(float f) {
-  if (f != f) return 0u;  // NaN below every number (reference.topk's lexsort puts NaN last)
   uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);  // -0 and +0 are equal scores
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
@@ -188,7 +187,7 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
     __syncthreads();  // keys are read by every thread from here on
   }
   uint32_t rem = k_pages - sinks - row.window, lo = 0xffffffffu, hi = 0xffffffffu;
-  if (rem > 0) {  // rem == 0: only reserved pages are taken (no rank is below 0)
+  if (rem > 0) {  // else only reserved pages: the empty rank test below takes none of [lo, hi]
     key_range(row, &lo, &hi, warp_sums);
     while (!narrow(row, &lo, &hi, &rem, hist, warp_sums, state)) {}
   }
