@@ -80,9 +80,8 @@ def _measure(source: str, work: Workload, stage: str, flush, full_scale: float |
     """(read, write) DRAM bytes of one call of `stage` per layer."""
     from questprof.measure import cupti
 
-    launch, layers = work.launcher(stage), len(work.kv)
+    launch, layers = work.launcher(stage), work.calls(stage)
     if source == "cupti" and protocol == "rotate":
-        layers = work.calls(stage)
         def rotation():
             for layer in range(layers):
                 launch(layer)
@@ -203,10 +202,10 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
     """Rows and rho rows of every stage of `cfg` through one source."""
     import cupy
 
-    layers = {"ncu": 1}.get(source, 2)
-    if source == "cupti" and protocol == "rotate":
-        layers = rotation_layers(cfg, cupy.cuda.runtime.memGetInfo()[0])
     rotate = source == "cupti" and protocol == "rotate"
+    layers = {"ncu": 1}.get(source, 2)
+    if rotate:
+        layers = rotation_layers(cfg, cupy.cuda.runtime.memGetInfo()[0])
     scores = model.stage_work(cfg)["topk"].read
     topk_calls = min(math.ceil(ROTATE_BYTES / max(scores, 1)), 1024) if rotate else 1
     work = Workload(cfg, backend, layers=layers, topk_calls=topk_calls)
