@@ -21,6 +21,7 @@ constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (81
 constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;  // two bins per thread in the bin scan
 
 QP_DEVICE uint32_t order_key(float f) {
+  if (f != f) return 0u;  // NaN ranks below -inf, last, as reference.topk's lexsort puts it
   uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);  // -0 and +0 are equal scores
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }

@@ -63,11 +63,12 @@ def test_long_rows(gpu, rng, pages, k_pages):
 
 @pytest.mark.parametrize("kind", ["extremes", "decades", "near-equal", "constant"])
 def test_score_ranges(gpu, rng, kind):
-    """The range select narrows [min, max] of the row: huge spans (infinities, +-1e30,
+    """The range select narrows [min, max] of the row: huge spans (infinities, NaN, +-1e30,
     subnormals, both signs), spans of 60 decades, a span of a few ulps, and no span at all."""
     pages = 5000
     if kind == "extremes":
-        scores = rng.choice(np.array([-1e30, 1e30, 1e-40, -1e-40, 0.0, -0.0, 5.0, np.inf, -np.inf],
+        scores = rng.choice(np.array([-1e30, 1e30, 1e-40, -1e-40, 0.0, -0.0, 5.0, np.inf, -np.inf,
+                                      np.nan],
                                      dtype=np.float32), size=(2, pages + 3))
     elif kind == "decades":
         scores = (rng.standard_normal((2, pages + 3)) * 10.0 ** rng.integers(-30, 30, (2, pages + 3)))
