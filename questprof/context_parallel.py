@@ -162,3 +162,19 @@ def simulate(backend, q, kv: PagedKV, k_pages: int, world: int, mode: str = "per
     partials = [partial(backend, q, p, s, sel, count) for p, s in zip(parts, shards)]
     out, lse = merge(np.stack([p[0] for p in partials]), np.stack([p[1] for p in partials]), kv.dtype)
     return out, lse, sel, count
+
+
+def held_work(kv: PagedKV, shard: Shard, sel, count, kv_heads: int) -> tuple[int, int]:
+    """(summary pages, KV tokens) one rank reads, each summed over requests and KV heads: the
+    pages it holds, and per KV head the union of its group's selected pages that it holds
+    (valid tokens only: the request's tail page counts last_page_len)."""
+    sel, count = np.asarray(sel), np.asarray(count)
+    group, full, size = sel.shape[0] // kv_heads, np.asarray(kv.pages()), kv.page_size
+    tokens = 0
+    for b in range(kv.batch):
+        for h in range(kv_heads):
+            picks = sel[h * group:(h + 1) * group, b, :count[b]]
+            held = np.unique(picks[(picks >= shard.lo[b]) & (picks < shard.hi[b])])
+            short = size - int(kv.last_page_len[b])  # invalid slots of the tail page
+            tokens += held.size * size - int((held == full[b] - 1).sum()) * short
+    return int((shard.hi - shard.lo).sum()) * kv_heads, tokens

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
 from questprof import context_parallel as cp
-from questprof import layout
+from questprof import layout, model
 
 
 def _to_torch(array, torch):
@@ -191,19 +192,28 @@ def _collect(queue, procs, timeout_s: float) -> list:
     return results
 
 
-def miss_rate(cfg: dict, seed: int, world: int, k_pages: int, mode: str, sel) -> float:
-    """How often the cheap variant (K/N local pages per rank, no collective) misses exact pages."""
+def host_figures(cfg: dict, seed: int, world: int, k_pages: int, mode: str, sel) -> dict:
+    """From the exact selection, on the host: how often the cheap variant (K/N local pages per
+    rank, no collective) misses exact pages, and the formula bytes the busiest rank reads
+    against one GPU holding the whole cache (T_index + T_selected)."""
     from questprof.backends.numpy import NumpyBackend
 
     kv, q = _build(cfg, seed)
-    backend = NumpyBackend()
+    backend, shape = NumpyBackend(), SimpleNamespace(**cfg)
     shards = [cp.shard_bounds(kv.pages(), world, r) for r in range(world)]
     scores = []
     for shard in shards:
         part = cp.local_kv(kv, shard)
         scores.append((backend.estimate(q, part, mode), part.kv_indptr))
     count = np.minimum(k_pages, np.asarray(kv.pages()))
-    return cp.miss_rate(sel, count, cp.local_only(scores, shards, kv.pages(), k_pages))
+    per_rank = [model.shard_read(shape, *cp.held_work(kv, s, sel, count, cfg["kv_heads"]))
+                for s in shards]
+    whole = cp.shard_bounds(kv.pages(), 1, 0)
+    return {"cheap_variant_miss_rate": cp.miss_rate(sel, count, cp.local_only(
+                scores, shards, kv.pages(), k_pages)),
+            "gpu_read_bytes_max": max(per_rank), "gpu_read_bytes_min": min(per_rank),
+            "single_read_bytes": model.shard_read(shape, *cp.held_work(
+                kv, whole, sel, count, cfg["kv_heads"]))}
 
 
 def summarize(results, world: int) -> list[tuple[str, float]]:
@@ -247,10 +257,12 @@ def main(argv=None) -> None:
                    dtype=shape.dtype)
         k_pages = args.budget // args.page_size
         results = launch(args.world, cfg, k_pages, args.mode, 0, args.backend, args.steps)
-        miss = miss_rate(cfg, 0, args.world, k_pages, args.mode, results[0][3])
+        fig = host_figures(cfg, 0, args.world, k_pages, args.mode, results[0][3])
         print(f"\n{shape.name} L={length} B={args.batch} S={args.page_size} "
               f"budget={args.budget} {args.mode} world={args.world} ({args.backend}); "
-              f"cheap variant misses {100 * miss:.1f}% of the exact top-K pages")
+              f"cheap variant misses {fig['cheap_variant_miss_rate']:.1%} of the exact top-K "
+              f"pages; formula bytes, busiest GPU / one GPU: "
+              f"{fig['gpu_read_bytes_max'] / fig['single_read_bytes']:.3f}")
         for name, ms in summarize(results, args.world):
             print(f"  {name:40s} {1e3 * ms:10.1f} us")
 

@@ -30,7 +30,8 @@ def run_e2e(scenario, configs, backend, out_dir, page_size: int, budget: int,
 
 def run_context_parallel(scenario, configs, out_dir, gpus: int, steps: int = 10) -> list[dict]:
     """Per configuration: phase times of an exact context-parallel step on `gpus` GPUs (NCCL),
-    the single-GPU step beside it, and the miss rate of the no-collective variant."""
+    the single-GPU step beside it, the miss rate of the no-collective variant and the formula
+    bytes of the busiest GPU against one GPU."""
     from questprof import distributed
 
     rows = []
@@ -39,10 +40,11 @@ def run_context_parallel(scenario, configs, out_dir, gpus: int, steps: int = 10)
         shape = dict(length=cfg.length, batch=cfg.batch, page_size=cfg.page_size,
                      kv_heads=m.kv_heads, q_heads=m.q_heads, head_dim=m.head_dim, dtype=m.dtype)
         results = distributed.launch(gpus, shape, cfg.k_pages, cfg.mode, cfg.seed, "nccl", steps)
-        miss = distributed.miss_rate(shape, cfg.seed, gpus, cfg.k_pages, cfg.mode, results[0][3])
+        host = distributed.host_figures(shape, cfg.seed, gpus, cfg.k_pages, cfg.mode,
+                                        results[0][3])
         for phase, ms in distributed.summarize(results, gpus):
             rows.append({"scenario": scenario.name, **cfg.as_dict(), "stage": "context-parallel",
                          "phase": phase, "gpus": gpus, "median_ms": ms, "backend": "cupy+nccl",
-                         "cheap_variant_miss_rate": miss, "status": "ok", "reason": None})
+                         **host, "status": "ok", "reason": None})
     _append(out_dir, rows, context_parallel={"gpus": gpus})
     return rows

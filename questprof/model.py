@@ -95,6 +95,12 @@ def union_pages_bound(cfg) -> int:
     return min(cfg.model.group * (k - 1) + 1, p)
 
 
+def shard_read(shape, summary_pages: int, kv_tokens: int) -> int:
+    """Formula bytes (T_index + T_selected) of `summary_pages` page summaries and `kv_tokens` K
+    and V vectors, both counted per KV head: one rank's share of context-parallel Quest."""
+    return 2 * vector_bytes(shape) * (summary_pages + kv_tokens)
+
+
 def _tokens(pages_read: float, cfg) -> float:
     """Valid tokens in `pages_read` pages of a request, the tail page (always read) included."""
     return (pages_read - 1) * cfg.page_size + last_page_len(cfg.length, cfg.page_size)

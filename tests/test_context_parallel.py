@@ -67,6 +67,24 @@ def test_cheap_variant_misses_are_counted():
     assert cp.miss_rate(sel, count, [[set(range(p)) for p in kv.pages()]] * 2) == 0.0
 
 
+@pytest.mark.parametrize("mode", ref.MODES)
+def test_held_work_splits_the_single_device_reads(mode):
+    """Ranks' summary pages and selected tokens add up to one device's; one device's tokens are
+    the valid tokens of the union of each KV head's picks."""
+    kv, q = _case(4, [100, 7, 1, 33], 8, kv_heads=2, q_heads=4)
+    _, _, sel, count = _single(kv, q, 4, mode)
+    whole = cp.held_work(kv, cp.shard_bounds(kv.pages(), 1, 0), sel, count, 2)
+    parts = [cp.held_work(kv, cp.shard_bounds(kv.pages(), 3, r), sel, count, 2) for r in range(3)]
+    assert tuple(map(sum, zip(*parts))) == whole
+    assert whole[0] == sum(kv.pages()) * 2
+    group, want = sel.shape[0] // 2, 0
+    for b, pages in enumerate(kv.pages()):
+        for h in range(2):
+            for p in set(sel[h * group:(h + 1) * group, b, :count[b]].ravel().tolist()):
+                want += kv.last_page_len[b] if p == pages - 1 else kv.page_size
+    assert whole[1] == want
+
+
 def test_gloo_ranks_equal_single_device():
     torch = pytest.importorskip("torch", reason="torch (CPU) is installed by .ci/run")
     assert torch.distributed.is_available()
@@ -80,3 +98,26 @@ def test_gloo_ranks_equal_single_device():
         np.testing.assert_array_equal(sel2, sel)
         np.testing.assert_allclose(out2, out, rtol=0, atol=1e-6)
         assert {"gather_candidates", "gather_partials"} <= set(samples[0])
+    host = distributed.host_figures(cfg, 3, 2, 5, "per-head", results[0][3])
+    assert host["single_read_bytes"] / 2 <= host["gpu_read_bytes_max"] < host["single_read_bytes"]
+
+
+@pytest.mark.gpu
+def test_nccl_ranks_equal_single_gpu(gpu):
+    """Two GPUs over NCCL pick exactly the single-GPU page sets and match its output (fp16)."""
+    import cupy
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs 2 GPUs for NCCL ranks")
+    from questprof import distributed
+
+    cfg = dict(length=20000, batch=2, page_size=16, kv_heads=8, q_heads=32, head_dim=128,
+               dtype="fp16")
+    results = distributed.launch(2, cfg, k_pages=64, seed=5, dist_backend="nccl", steps=2)
+    kv, q = distributed._build(cfg, 5)
+    whole, qd = gpu.put(kv), gpu.asarray(q)
+    sel, count = gpu.topk(gpu.estimate(qd, whole, "per-head"), whole, 64)
+    want = gpu.to_host(gpu.attention(qd, whole, sel, count)[0]).astype(np.float64)
+    for _, out, _, sel2, _ in results:
+        np.testing.assert_array_equal(sel2, gpu.to_host(sel))
+        err = np.linalg.norm(out.astype(np.float64) - want) / np.linalg.norm(want)
+        assert err < 1e-3

@@ -217,9 +217,11 @@ def test_context_parallel_section(tmp_path):
     cp = pd.DataFrame([{"stage": "context-parallel", "length": 16384, "batch": 1, "page_size": 16,
                         "budget": 512, "mode": "per-head", "phase": p, "gpus": 2,
                         "median_ms": 0.01 * (i + 1), "cheap_variant_miss_rate": 0.25,
+                        "gpu_read_bytes_max": 3e6, "single_read_bytes": 5e6,
                         "status": "ok", "backend": "cupy+nccl"} for i, p in enumerate(phases)])
     text = write_report(pd.concat([df, cp], ignore_index=True), META,
                         tmp_path / "cp.html").read_text()
     rows = table_rows(text, "cp-table")
     assert [r[5] for r in rows] == list(phases) and rows[1][6] == "20.0" and rows[0][7] == "25.0%"
+    assert rows[0][8] == "0.600"
     assert plot_ids(text) == plot_ids(write_report(df, META, tmp_path / "r2.html").read_text())

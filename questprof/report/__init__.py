@@ -8,8 +8,8 @@ Rows with stage 'e2e' carry end-to-end steps; their columns are listed in report
 meta is meta.json; beyond the contract it may carry heatmap_length (tokens) for section 5.
 
 Sections: at a glance, crossover, speedup, roofline, bytes, heatmap, end to end, several GPUs,
-machine. Rows with stage 'context-parallel' (sweep --gpus N) carry phase, gpus, median_ms and
-cheap_variant_miss_rate.
+machine. Rows with stage 'context-parallel' (sweep --gpus N) carry phase, gpus, median_ms,
+cheap_variant_miss_rate and (since session 3) gpu_read_bytes_max / single_read_bytes.
 Every figure is a function of df; plotly.js is inlined once, so the file opens offline.
 """
 
@@ -142,6 +142,10 @@ def _context_parallel(df: pd.DataFrame) -> str:
     columns = {"gpus": "GPUs", "length_t": "length", "batch": "batch", "page_size": "page size",
                "budget_t": "budget", "phase": "phase", "us": "us (slowest rank, median)",
                "miss": "K/N-per-GPU variant misses"}
+    if "gpu_read_bytes_max" in rows:  # runs before the byte columns existed lack them
+        rows = rows.assign(share=(rows["gpu_read_bytes_max"] / rows["single_read_bytes"]).map(
+            lambda v: f"{v:.3f}"))
+        columns["share"] = "formula bytes, busiest GPU / one GPU"
     return table(rows, columns, "cp-table", numeric={"us"})
 
 
