@@ -188,10 +188,11 @@ def attention(q, kv: PagedKV, sel=None, count=None):
     ring = ATT_WARPS * stages * 2 * loads * 32 * 16  # bytes of the 4 warps' cp.async rings
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
-    ws_o = ws_lse = _NULL
+    ws_o = ws_lse = row_done = _NULL
     if splits > 1:
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
+        row_done = _row_done(rows)
     kernel = _kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>")
     kernel.max_dynamic_shared_size_bytes = ring
     kernel((splits, rows), (ATT_WARPS * 32,), (
@@ -199,12 +200,21 @@ def attention(q, kv: PagedKV, sel=None, count=None):
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
         _i32(q_heads), _i32(kv.kv_heads), _i32(q_heads // G), _i32(k_sel),
         _i32(sel is not None and count.ndim == 2), _i32(per_split),
-        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse), shared_mem=ring)
-    if splits > 1:
-        _kernel("attention", f"merge_kernel<{tag}>")((rows,), (G * d,), (
-            ws_o, ws_lse, out, lse, _i32(splits), _i32(G), _i32(d), _i32(q_heads),
-            _i32(q_heads // G)))
+        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse, row_done),
+        shared_mem=ring)
     return out, lse
+
+
+_ROW_DONE: dict[int, cupy.ndarray] = {}
+
+
+def _row_done(rows: int) -> cupy.ndarray:
+    """Per-device split counts for attention's last-split merge: zeroed once, and left at zero
+    by every launch (so launches on one stream share it; concurrent streams would not)."""
+    dev = cupy.cuda.Device().id
+    if dev not in _ROW_DONE or _ROW_DONE[dev].size < rows:
+        _ROW_DONE[dev] = cupy.zeros(max(rows, 1 << 16), dtype=cupy.int32)
+    return _ROW_DONE[dev]
 
 
 class CupyBackend:
@@ -215,6 +225,7 @@ class CupyBackend:
 
     def __init__(self) -> None:
         self.fallback_reason: str | None = None
+        _row_done(1)  # allocated now, not inside the first CUDA-graph capture of a pass
 
     def put(self, host_kv: PagedKV) -> PagedKV:
         return host_kv.with_arrays(cupy.asarray)
