@@ -41,6 +41,26 @@ def all_gather(array, backend):
     return _from_torch(out.reshape(world, *local.shape), backend)
 
 
+def collective_ms(array, backend, repeats: int = 50) -> float:
+    """Device time of one all-gather of `array` (ms, CUDA events around `repeats` back-to-back
+    calls after a barrier): the collective alone, without the wait for a slower rank or the host
+    work that the phase wall times include."""
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(5):
+        all_gather(array, backend)
+    dist.barrier()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        all_gather(array, backend)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
 def _build(cfg, seed: int):
     """The same global cache and queries on every rank, from the seed (host arrays).
 
@@ -143,6 +163,12 @@ def run_rank(rank: int, world: int, cfg: dict, k_pages: int, mode: str, seed: in
             out, lse, sel, count, times = decode_step(backend, qd, glob, local, shard, k_pages,
                                                       mode, _Clock(backend))
             samples.append(times)
+        if dist_backend == "nccl":
+            pos, _ = cp.candidates(backend, qd, local, shard, k_pages, mode)
+            device = {"device_gather_candidates": 2 * collective_ms(pos, backend),  # pos, score
+                      "device_gather_partials": collective_ms(out, backend) +
+                      collective_ms(lse, backend)}
+            samples = [{**t, **device} for t in samples]
         if rank == 0 and dist_backend == "nccl":
             samples = [{**t, **b} for t, b in zip(samples, _single(backend, kv, qd, k_pages, mode,
                                                                   steps))]
@@ -221,11 +247,12 @@ def summarize(results, world: int) -> list[tuple[str, float]]:
     phases = list(results[0][4][0])
     med = {p: max(float(np.median([t[p] for t in r[4] if p in t])) for r in results
                   if p in r[4][0]) for p in phases}
-    parallel = [p for p in med if not p.startswith("single_")]
+    parallel = [p for p in med if not p.startswith(("single_", "device_"))]
     rows = [(p, med[p]) for p in parallel]
     rows.append((f"context-parallel step ({world} ranks)", sum(med[p] for p in parallel)))
     rows.append(("collectives on the critical path", med["gather_candidates"] +
                  med["gather_partials"]))
+    rows += [(p, med[p]) for p in med if p.startswith("device_")]
     single = [p for p in med if p.startswith("single_")]
     if single:
         rows += [(p, med[p]) for p in single]
