@@ -11,11 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
-
-from questprof import model
+from questprof import model, sweep
 from questprof.config import Config, ModelShape
-from questprof.layout import PagedKV, append_plan, page_tables, rebuild_plan
 from questprof.measure.timing import cold_layers, time_layers
 
 L2_BYTES = 60 << 20
@@ -35,42 +32,9 @@ def default_cases(quick: bool = False) -> list[Config]:
     return cases
 
 
-def _storage(x, dtype: str):
-    """float32 cupy array -> storage form (fp16, or bf16 bits rounded to nearest even)."""
-    import cupy
-    if dtype == "fp16":
-        return x.astype(cupy.float16)
-    bits = x.view(cupy.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(cupy.uint16)
-
-
 def _layers(cfg: Config) -> int:
     """Layers of a cold pass (measure.timing.cold_layers) within POOL_BUDGET."""
     return cold_layers(cfg, L2_BYTES, POOL_BUDGET)
-
-
-def build_pools(backend, cfg: Config, layers: int) -> list[PagedKV]:
-    """`layers` device pools of random keys/values (shared page tables), summaries built."""
-    import cupy
-    m, lengths = cfg.model, (cfg.length,) * cfg.batch
-    rng = np.random.default_rng(cfg.seed)
-    nnz = cfg.batch * cfg.pages
-    indptr, indices, last = page_tables(lengths, cfg.page_size, nnz, rng)
-    tables = [cupy.asarray(t) for t in (indptr, indices, last)]
-    valid = np.full(nnz, cfg.page_size, dtype=np.int32)
-    valid[indptr[1:] - 1] = last
-    prefill = rebuild_plan(indices, valid)
-    gen = cupy.random.default_rng(cfg.seed)
-    shape = (nnz, m.kv_heads, cfg.page_size, m.head_dim)
-    pools = []
-    for _ in range(layers):
-        k, v = (_storage(gen.standard_normal(shape, dtype=cupy.float32), m.dtype) for _ in "kv")
-        summ = cupy.empty((nnz, m.kv_heads, 2, m.head_dim), dtype=k.dtype)
-        kv = PagedKV(k, v, summ, *tables, lengths, cfg.page_size, m.dtype)
-        backend.summary(kv, prefill)
-        pools.append(kv)
-    backend.synchronize()
-    return pools
 
 
 _GRAPH_FAILED: list[str] = []  # the first capture failure turns graphs off for the run
@@ -115,36 +79,21 @@ def _row(cfg, stage, impl, timing, work, ceiling, layers) -> dict:
             "ratio": gbs / ceiling if gbs and ceiling else None, "layers": layers}
 
 
-def _ours(backend, cfg, pools, ceiling, repeats, graph) -> tuple[list[dict], float | None]:
-    """Rows of our stages; also the measured mean union of pages (GQA per-head)."""
-    import cupy
-    from questprof.sweep import union_pages
-    m, layers = cfg.model, len(pools)
-    q = _storage(cupy.random.default_rng(cfg.seed + 7).standard_normal(
-        (cfg.batch, m.q_heads, m.head_dim), dtype=cupy.float32), m.dtype)
-    scores = [backend.estimate(q, kv, cfg.mode) for kv in pools]
-    sels = [backend.topk(s, kv, cfg.k_pages) for s, kv in zip(scores, pools)]
-    union = None
-    if cfg.mode == "per-head" and m.group > 1 and cfg.k_pages < cfg.pages:
-        union = union_pages(backend.to_host(sels[0][0]), backend.to_host(sels[0][1]), m.group)
-    kv0 = pools[0]
-    plan = append_plan(kv0.kv_indptr.get(), kv0.kv_indices.get(), kv0.last_page_len.get(),
-                       [1] * cfg.batch, cfg.page_size)
-    plan = type(plan)(*(cupy.asarray(a) for a in (plan.page_ids, plan.first, plan.end)))
+def _ours(backend, cfg, prep, ceiling, repeats, graph) -> list[dict]:
+    """Rows of our stages over the sweep's prepared layers, and of a whole Quest step."""
+    kvs, q = prep.kvs, prep.q
 
     def quest(l):
-        s = backend.estimate(q, pools[l], cfg.mode)
-        return backend.attention(q, pools[l], *backend.topk(s, pools[l], cfg.k_pages))
+        s = backend.estimate(q, kvs[l], cfg.mode)
+        return backend.attention(q, kvs[l], *backend.topk(s, kvs[l], cfg.k_pages))
 
-    runs = {"summary": lambda l: backend.summary(pools[l], plan),
-            "estimate": lambda l: backend.estimate(q, pools[l], cfg.mode),
-            "topk": lambda l: backend.topk(scores[l], pools[l], cfg.k_pages),
-            "attention": lambda l: backend.attention(q, pools[l], *sels[l]),
-            "dense": lambda l: backend.attention(q, pools[l]), "quest": quest}
+    runs = {stage: sweep.runner(stage, backend, cfg, prep)
+            for stage in ("summary", "estimate", "topk", "attention", "dense")}
+    runs["quest"] = quest
+    union = prep.union_pages
     work = {**model.stage_work(cfg, union), "quest": model.quest_work(cfg, union)}
-    rows = [_row(cfg, stage, "cupy", _time(backend, run, layers, repeats, graph), work[stage],
-                 ceiling, layers) for stage, run in runs.items()]
-    return rows, union
+    return [_row(cfg, stage, "cupy", _time(backend, run, len(kvs), repeats, graph), work[stage],
+                 ceiling, len(kvs)) for stage, run in runs.items()]
 
 
 def _peers(backend, cfg, layers, ceiling, repeats, union) -> list[dict]:
@@ -174,9 +123,9 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     """All rows of one configuration (our stages, then the peers)."""
     import cupy
     layers = _layers(cfg)
-    pools = build_pools(backend, cfg, layers)
-    rows, union = _ours(backend, cfg, pools, ceiling, repeats, graph)
-    del pools
+    prep = sweep.prepare(cfg, backend, layers)  # the sweep's pools, queries and selections
+    rows, union = _ours(backend, cfg, prep, ceiling, repeats, graph), prep.union_pages
+    del prep
     cupy.get_default_memory_pool().free_all_blocks()
     if with_peers:
         rows += _peers(backend, cfg, layers, ceiling, repeats, union)

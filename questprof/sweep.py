@@ -180,7 +180,7 @@ def prepare(cfg, backend, layers: int) -> Prepared:
     return Prepared(kvs, q, decode, scores, selections, union)
 
 
-def _runner(stage: str, backend, cfg, prep: Prepared) -> Callable[[int], object]:
+def runner(stage: str, backend, cfg, prep: Prepared) -> Callable[[int], object]:
     """run_layer(l) that launches `stage` on layer l."""
     kvs, q = prep.kvs, prep.q
     return {
@@ -249,7 +249,7 @@ def _quest_timing(cfg, timings: dict) -> tuple[dict | None, str | None]:
 def _time_stage(stage, backend, cfg, prep, layers, opts) -> tuple[dict | None, str | None]:
     """(timing dict, None) or (None, reason) when the stage ran out of memory."""
     try:
-        t = time_layers(backend, _runner(stage, backend, cfg, prep), layers, **opts)
+        t = time_layers(backend, runner(stage, backend, cfg, prep), layers, **opts)
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
