@@ -185,7 +185,10 @@ LEDES = {
     "cp": "Context-parallel Quest: pages split across GPUs by position, each GPU scores its "
           "own pages, an all-gather of local top-K candidates gives the exact global top-K, and "
           "partial outputs merge by log-sum-exp. Phases are wall times after a device sync; the "
-          "all-gathers sit on the decode critical path.",
+          "all-gathers sit on the decode critical path (their wall time includes the wait for "
+          "the slower rank; device_ rows are the all-gathers alone, CUDA events over back-to-"
+          "back calls). Bytes are the formula over the exact selection, busiest GPU against one "
+          "GPU holding the whole cache.",
     "machine": "Where and how these numbers were measured.",
 }
 
