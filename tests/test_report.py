@@ -223,5 +223,5 @@ def test_context_parallel_section(tmp_path):
                         tmp_path / "cp.html").read_text()
     rows = table_rows(text, "cp-table")
     assert [r[5] for r in rows] == list(phases) and rows[1][6] == "20.0" and rows[0][7] == "25.0%"
-    assert rows[0][8] == "0.600"
+    assert rows[0][8] == "0.600" and rows[0][0] == "2"
     assert plot_ids(text) == plot_ids(write_report(df, META, tmp_path / "r2.html").read_text())

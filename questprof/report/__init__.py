@@ -135,7 +135,8 @@ def _context_parallel(df: pd.DataFrame) -> str:
     if rows.empty:
         return ("<p>This run did not measure context-parallel Quest "
                 "(<code>questprof sweep --gpus N</code> on a host with N GPUs).</p>")
-    rows = rows.assign(us=(rows["median_ms"] * 1e3).map(lambda v: f"{v:,.1f}"),
+    rows = rows.assign(gpus=rows["gpus"].astype(int),  # float in a frame shared with NaN rows
+                       us=(rows["median_ms"] * 1e3).map(lambda v: f"{v:,.1f}"),
                        miss=rows["cheap_variant_miss_rate"].map(lambda v: f"{v:.1%}"),
                        budget_t=rows["budget"].map(fmt_tokens),
                        length_t=rows["length"].map(fmt_tokens))
