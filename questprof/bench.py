@@ -1,5 +1,7 @@
 """Kernel benchmark on the cold-cache protocol: our stages, their bytes and bandwidth against the
-read ceiling measured in the same run, and the torch peers beside them.
+read ceiling measured in the same run, and the torch peers beside them. A second ratio (same-B)
+compares a stage with a plain cold read of its own bytes (measure.ceilings.read_ladder, taken
+first): the ceiling at that size, where launch, ramp and tail are not hidden.
 
 Each simulated layer has its own KV pool; a timed pass walks every layer (measure.timing), with
 enough layers that the bytes a pass reads are >= 8x the 60 MiB L2 of an H200.
@@ -9,6 +11,7 @@ Run: python3 -m questprof.bench [--quick] [--no-peers] [--no-graph] [--json rows
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 from questprof import model, sweep
@@ -118,15 +121,32 @@ def _peers(backend, cfg, layers, ceiling, repeats, union) -> list[dict]:
     return rows
 
 
+SAME_BYTES_STAGES = ("estimate", "attention", "dense")  # stages that stream their bytes once
+
+
+def add_same_bytes(rows: list[dict], read_ms) -> None:
+    """Give each streaming row of ours the time of a plain read of its bytes (`read_ms(nbytes)`,
+    None where unknown) and its ratio to that: the ceiling at the stage's own size."""
+    for r in rows:
+        if r["backend"] != "cupy" or r["stage"] not in SAME_BYTES_STAGES:
+            continue
+        ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))
+        if ms is not None:
+            r["same_read_ms"], r["same_ratio"] = ms, ms / r["median_ms"]
+
+
 def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, graph: bool = True,
-             with_peers: bool = True) -> list[dict]:
-    """All rows of one configuration (our stages, then the peers)."""
+             with_peers: bool = True, read_ms=None) -> list[dict]:
+    """All rows of one configuration (our stages, then the peers); `read_ms(nbytes)` gives a
+    plain read's time for a stage's bytes (measure.ceilings.ladder_ms), None to skip it."""
     import cupy
     layers = _layers(cfg)
     prep = sweep.prepare(cfg, backend, layers)  # the sweep's pools, queries and selections
     rows, union = _ours(backend, cfg, prep, ceiling, repeats, graph), prep.union_pages
     del prep
     cupy.get_default_memory_pool().free_all_blocks()
+    if read_ms is not None:
+        add_same_bytes(rows, read_ms)
     if with_peers:
         rows += _peers(backend, cfg, layers, ceiling, repeats, union)
     return rows
@@ -177,15 +197,16 @@ def _met(value: float, target: str) -> bool:
 def format_table(rows: list[dict]) -> str:
     """One line per (configuration, stage, implementation)."""
     head = (f"{'model':<13}{'L':>7}{'B':>3}{'S':>3}{'budget':>7} {'mode':<12}{'stage':<10}"
-            f"{'impl':<12}{'us/layer':>10}{'MB read':>9}{'GB/s':>7}{'ratio':>7} method")
+            f"{'impl':<12}{'us/layer':>10}{'MB read':>9}{'GB/s':>7}{'ratio':>7}{'same-B':>7} method")
     lines = [head]
     for r in rows:
         mb = (r["read_bytes"] + r["unmodelled_bytes"]) / 1e6 if r["read_bytes"] is not None else 0
         gbs = f"{r['bandwidth_gbs']:7.0f}" if r["bandwidth_gbs"] else f"{'':7}"
         ratio = f"{r['ratio']:7.2f}" if r["ratio"] else f"{'':7}"
+        same = f"{r['same_ratio']:7.2f}" if r.get("same_ratio") else f"{'':7}"
         lines.append(f"{r['model']:<13}{r['length']:>7}{r['batch']:>3}{r['page_size']:>3}"
                      f"{r['budget']:>7} {r['mode']:<12}{r['stage']:<10}{r['backend']:<12}"
-                     f"{r['median_ms'] * 1e3:10.1f}{mb:9.1f}{gbs}{ratio} {r['method']}")
+                     f"{r['median_ms'] * 1e3:10.1f}{mb:9.1f}{gbs}{ratio}{same} {r['method']}")
     return "\n".join(lines)
 
 
@@ -197,6 +218,33 @@ def format_goals(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def same_bytes_bounds(rows: list[dict]) -> list[tuple[str, float | None, float | None]]:
+    """(what, plain-read us, ratio) at MHA batch 1: each streaming stage against a plain read of
+    its own bytes, and the Quest speedup if estimate and attention took exactly those reads."""
+    out = []
+    for n in (32768, 131072):
+        at = {"model": MHA.name, "batch": 1, "length": n}
+        hit = {r["stage"]: r for r in rows if r["backend"] == "cupy" and r.get("same_read_ms")
+               and all(r[k] == v for k, v in at.items())}
+        for stage in ("estimate", "attention"):
+            r = hit.get(stage)
+            out.append((f"{stage} {n // 1024}K / plain read of its bytes",
+                        r["same_read_ms"] * 1e3 if r else None, r["same_ratio"] if r else None))
+        dense, topk = _median(rows, "dense", **at), _median(rows, "topk", **at)
+        if dense and topk and "estimate" in hit and "attention" in hit:
+            best = hit["estimate"]["same_read_ms"] + topk + hit["attention"]["same_read_ms"]
+            out.append((f"quest {n // 1024}K at plain reads + our top-K (speedup)", best * 1e3,
+                        dense / best))
+    return out
+
+
+def format_bounds(rows: list[dict]) -> str:
+    lines = ["at a stage's own size".ljust(50) + f"{'us':>8}{'ratio':>8}"]
+    for what, us, ratio in same_bytes_bounds(rows):
+        lines.append(f"{what:<50}" + (f"{us:8.1f}{ratio:8.2f}" if us is not None else f"{'n/a':>8}"))
+    return "\n".join(lines)
+
+
 def run_bench(cases: list[Config] | None = None, repeats: int = 20, graph: bool = True,
               with_peers: bool = True, log=print) -> list[dict]:
     """Rows (dicts) of every case: ours per stage and the peers, with bytes and bandwidth.
@@ -204,9 +252,12 @@ def run_bench(cases: list[Config] | None = None, repeats: int = 20, graph: bool 
     Needs the CuPy backend (a CUDA GPU); peers need torch. `log` gets progress lines.
     """
     from questprof.backends import get_backend
-    from questprof.measure.ceilings import measure_ceilings
+    from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
     backend = get_backend("cupy")
     ceilings = measure_ceilings(backend)
+    ladder = read_ladder(backend, L2_BYTES, repeats=repeats)  # before any pool comes and goes
+    log("plain cold reads: " + ", ".join(f"{n >> 20} MiB {ms * 1e3:.1f} us" for n, ms in ladder))
+    read_ms = functools.partial(ladder_ms, ladder)
     read_gbs = ceilings.get("read_gbs")
     log(f"ceilings: read {read_gbs:.0f} GB/s, copy {ceilings.get('copy_gbs'):.0f} GB/s, "
         f"fp16 {ceilings.get('fp16_tflops'):.0f} TFLOP/s ({ceilings.get('gpu')})")
@@ -214,7 +265,7 @@ def run_bench(cases: list[Config] | None = None, repeats: int = 20, graph: bool 
     for cfg in cases if cases is not None else default_cases():
         log(f"case {cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
             f"budget={cfg.budget} {cfg.mode} ({_layers(cfg)} layers)")
-        case_rows = run_case(backend, cfg, read_gbs, repeats, graph, with_peers)
+        case_rows = run_case(backend, cfg, read_gbs, repeats, graph, with_peers, read_ms)
         log(format_table(case_rows))
         rows += case_rows
     return rows
@@ -234,6 +285,7 @@ def main(argv=None) -> None:
             json.dump(rows, fh, indent=1, default=str)
     print(format_table(rows))
     print(format_goals(rows))
+    print(format_bounds(rows))
 
 
 if __name__ == "__main__":

@@ -340,6 +340,7 @@ def bench(
         json_out.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
     out.print(bench_mod.format_table(rows), highlight=False)
     out.print(bench_mod.format_goals(rows), highlight=False)
+    out.print(bench_mod.format_bounds(rows), highlight=False)
 
 
 @app.command("bytes")

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from questprof.measure import ceilings, cupti, ncu, nvml
@@ -133,3 +134,46 @@ def test_stage_fixture_against_the_model():
     estimate, dense = work["estimate"], work["dense"]
     assert abs(read(groups[0]) / estimate.total_read - 1) < 0.01  # measured +0.68%
     assert abs(read(groups[3][:1]) / dense.total_read - 1) < 0.002  # attention kernel: +0.08%
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n4", [1, 7, 270_336 * 4 + 5, 2_097_152, 2_097_152 + 3])
+def test_read_kernel_reaches_every_float4(gpu, rng, n4):
+    """The read kernel's sink fires only when one thread's sum is the magic value: a lone magic
+    float at a position proves that position was read (the main loop and the rest alike)."""
+    import cupy
+    magic = np.float32(1.2345e30)
+    for at in {0, n4 - 1, int(rng.integers(n4)), int(rng.integers(n4))}:
+        x = cupy.zeros(4 * n4, dtype=cupy.float32)
+        x[4 * at + int(rng.integers(4))] = magic
+        sink = cupy.zeros(1, dtype=cupy.float32)
+        ceilings.launch_read(x, sink)
+        assert float(sink[0]) == magic, f"float4 {at} of {n4} was not read"
+
+
+@pytest.mark.gpu
+def test_read_ladder_is_plausible(gpu):
+    """Plain reads of 16 and 64 MiB: more bytes take longer, and no read beats the datasheet."""
+    ladder = ceilings.read_ladder(gpu, 60 << 20, sizes=(64 << 20, 16 << 20), repeats=5, tries=2)
+    assert [n for n, _ in ladder] == [16 << 20, 64 << 20]
+    (n0, t0), (n1, t1) = ladder
+    assert 0 < t0 < t1
+    sheet = ceilings.datasheet(_gpu_name())[0] or 10_000.0
+    assert all(100.0 < n / (ms * 1e-3) / 1e9 <= 1.02 * sheet for n, ms in ladder)
+
+
+def _gpu_name() -> str:
+    import cupy
+    name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def test_ladder_interpolates_between_rungs():
+    ladder = [(100, 2.0), (200, 3.0), (400, 5.0)]  # t = 1 + n / 100 ms
+    assert ceilings.ladder_ms(ladder, 100) == 2.0
+    assert ceilings.ladder_ms(ladder, 150) == pytest.approx(2.5)
+    assert ceilings.ladder_ms(ladder, 300) == pytest.approx(4.0)
+    assert ceilings.ladder_ms(ladder, 800) == pytest.approx(9.0)  # last segment extended
+    assert ceilings.ladder_ms(ladder, 99) is None  # below the first rung: unknown
+    assert ceilings.ladder_ms([(100, 2.0)], 300) == pytest.approx(6.0)
+    assert ceilings.ladder_ms([], 300) is None

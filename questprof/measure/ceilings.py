@@ -7,6 +7,7 @@ it reads exactly `nbytes` and writes nothing, so CUPTI, ncu and NVML GPM can be 
 
 from __future__ import annotations
 
+import bisect
 import functools
 
 import numpy as np
@@ -14,6 +15,11 @@ import numpy as np
 GIB = 1 << 30
 READ_BYTES = 2 * GIB  # 34x the 60 MiB L2 of an H200: the bytes come from HBM, not L2
 MATMUL_N = 8192
+LADDER = tuple((16 << 20) << k for k in range(10))  # plain-read sizes: 16 MiB .. 8 GiB, doubling
+# Fresh allocations timed per ladder size; the fastest counts. On an H200, after 24 GiB had been
+# allocated and freed, the same 537 MB read took 118.3-137.0 us on different allocations (67 MB:
+# 16.9-19.2 us), while a fresh process gave 118.3-119.1 us every time.
+LADDER_TRIES = 3
 THREADS = 256
 BLOCKS_PER_SM = 8  # one full wave of 256-thread blocks (2048 threads per SM on Hopper)
 
@@ -82,6 +88,63 @@ def launch_copy(x, y) -> None:
 
     _kernel("ceilings_copy")(
         (_grid(),), (THREADS,), (x, y, numpy.int64(x.size // 4)))
+
+
+def same_bytes_read_ms(backend, nbytes: int, l2_bytes: int, repeats: int = 20) -> float:
+    """ms of one read of `nbytes` by the read kernel, timed like our stages: a CUDA-graph pass
+    over one buffer per simulated layer, >= COLD_FACTOR x L2 per pass (cold, as each decode
+    layer is). The ceiling a kernel that must read `nbytes` meets at that size: launch, ramp
+    and tail included (a 2 GiB read hides them, a 33.6 MB one does not).
+    """
+    import cupy
+
+    from questprof.measure.timing import time_layers
+
+    n = -(-nbytes // 16) * 16
+    layers = _ladder_layers(n, l2_bytes)
+    stride = -(-n // 4096) * 4096  # 4 KiB-aligned buffers, like the pools' pages
+    pool = random_buffer(layers * stride)
+    sink = cupy.zeros(1, dtype=cupy.float32)
+    bufs = [pool[l * stride // 4:(l * stride + n) // 4] for l in range(layers)]
+    timing = time_layers(backend, lambda l: launch_read(bufs[l], sink), layers,
+                         repeats=repeats, graph=True)
+    del pool, bufs
+    cupy.get_default_memory_pool().free_all_blocks()
+    return timing.median
+
+
+def _ladder_layers(nbytes: int, l2_bytes: int) -> int:
+    from questprof.measure.timing import COLD_FACTOR
+    return max(2, -(-COLD_FACTOR * l2_bytes // nbytes))
+
+
+def read_ladder(backend, l2_bytes: int, sizes=LADDER, repeats: int = 20,
+                tries: int = LADDER_TRIES) -> list[tuple[int, float]]:
+    """[(bytes, ms)]: a plain cold read (same_bytes_read_ms) at each size whose buffers fit in
+    half the free memory, the fastest of `tries` fresh allocations: the read ceiling as a
+    function of size. Take it before large pools come and go (see LADDER_TRIES)."""
+    import cupy
+
+    free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
+    out = []
+    for n in sorted(sizes):
+        if _ladder_layers(n, l2_bytes) * n > free // 2:
+            break
+        out.append((n, min(same_bytes_read_ms(backend, n, l2_bytes, repeats)
+                           for _ in range(tries))))
+    return out
+
+
+def ladder_ms(ladder: list[tuple[int, float]], nbytes: int) -> float | None:
+    """Plain-read ms for `nbytes` from a ladder: linear between its rungs (a read's time is close
+    to affine in its bytes), the last segment extended above it; None below the first rung."""
+    if not ladder or nbytes < ladder[0][0]:
+        return None
+    if len(ladder) == 1:
+        return ladder[0][1] * nbytes / ladder[0][0]
+    i = min(max(bisect.bisect_left([n for n, _ in ladder], nbytes), 1), len(ladder) - 1)
+    (n0, t0), (n1, t1) = ladder[i - 1], ladder[i]
+    return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
 
 
 def median_ms(launch, repeats: int = 20, warmup: int = 3) -> float:
