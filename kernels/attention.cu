@@ -9,122 +9,21 @@
 // (an atomic count per row) combines them with log-sum-exp, so no merge launch follows. With
 // one split the CTA writes the final output itself.
 //
-// Inside a CTA, 4 warps take tiles of TT tokens round-robin. A token row of D values is read by
-// LANES = D/8 lanes in 16-byte pieces; each warp keeps a private ring of NS tiles in shared memory
-// filled by cp.async, so NS - 1 tiles (K and V) are in flight while it computes one. v1 loaded a
-// tile into registers and then computed it, which left no loads in flight during the math: dense
-// 32K reached 74% of the 4.52 TB/s read ceiling on an H200 (160 us vs torch SDPA's 128 us).
-// Only valid slots of the tail page are fetched (zero-size copies elsewhere) and their scores
-// are set to -inf, so NaN or huge values in unused slots never reach the math.
-// Scores are kept in log2 units (q pre-scaled by log2(e)/sqrt(D)); lse is returned in natural log.
-#include "common.cuh"
+// Inside a CTA, 4 warps take tiles of TT tokens round-robin (kernels/attention_tile.cuh: CUDA
+// cores for G <= 2, tensor cores for G >= 4); each warp keeps a private ring of NS tiles in shared
+// memory filled by cp.async, so NS - 1 tiles (K and V) are in flight while it computes one. v1
+// loaded a tile into registers and then computed it, which left no loads in flight during the
+// math: dense 32K reached 74% of the 4.52 TB/s read ceiling on an H200 (160 us vs torch SDPA's
+// 128 us). Only valid slots of the tail page are fetched (zero-size copies elsewhere) and their
+// scores are set to -inf, so NaN or huge values in unused slots never reach the math.
+// Scores are kept in log2 units (scaled by log2(e)/sqrt(D)); lse is returned in natural log.
+#include "attention_tile.cuh"
 
 constexpr int ATT_WARPS = 4;
 constexpr int ATT_MAX_PAGES = 512;  // pages of one split (the launcher caps pages_per_split)
 
-// Loads per lane per tile (registers bound it: q and acc are 8 G floats each) and the depth of
-// the per-warp cp.async ring. Shared memory per CTA = 4 warps x NS x NL KiB: 96 KiB for G <= 2
-// (2 CTAs per SM), 64 KiB for G = 4 (3 CTAs), 48 KiB for G = 8.
-template <int G> struct Pipe {
-  static constexpr int NL = G <= 2 ? 8 : (G == 4 ? 4 : 2);
-  static constexpr int NS = G <= 2 ? 3 : (G == 4 ? 4 : 6);
-};
-
 struct RowPlan {
   int b, kv_head, qh0, row_pages, req_pages, tail_len, indptr_b;
-};
-
-// 16-byte global -> shared copy that bypasses registers and L1; src_size 0 writes zeros and
-// reads nothing (masked tail slots: their NaN / huge values are never fetched).
-QP_DEVICE void cp_async16(uint4* dst, const uint16_t* src, bool ok) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src),
-               "r"(ok ? 16 : 0) : "memory");
-}
-QP_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> QP_DEVICE void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-
-template <typename T, int D, int S, int G>
-struct Decode {
-  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
-  static constexpr int TT = NL * TPL;         // tokens per warp tile
-  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage: K then V, lane-major
-  float q[G][VEC], acc[G][VEC], m[G], l[G];
-
-  QP_DEVICE void init(const uint16_t* __restrict__ qb, int c, float scale) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      unpack8<T>(load16(qb + (size_t)h * D + c * VEC), q[h]);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
-      m[h] = -__int_as_float(0x7f800000);
-      l[h] = 0.f;
-    }
-  }
-
-  static QP_DEVICE bool valid(const int* s_valid, int nb, int t) {
-    const int pl = t / S;
-    return pl < nb && t % S < s_valid[pl];
-  }
-
-  // Start the copies of tile tok0 into ring stage `buf`; each lane copies (and later reads) its
-  // own 16-byte slots, so no barrier is needed between the copy and its use.
-  QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                       const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
-                       int kv_head, int c, int sub, int lane) {
-#pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      const int t = tok0 + i * TPL + sub;
-      const bool ok = valid(s_valid, nb, t);
-      const size_t off = ok ? (((size_t)s_page[t / S] * kv_heads + kv_head) * S + t % S) * D
-                                  + c * VEC : 0;
-      cp_async16(buf + i * 32 + lane, k + off, ok);
-      cp_async16(buf + (NL + i) * 32 + lane, v + off, ok);
-    }
-  }
-
-  // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
-  QP_DEVICE void tile(const uint4* buf, const int* s_valid, int nb, int tok0, int sub, int lane) {
-    float s[G][NL], x[VEC];
-#pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      unpack8<T>(buf[i * 32 + lane], x);
-      const bool ok = valid(s_valid, nb, tok0 + i * TPL + sub);
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float dot = 0.f;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) dot = fmaf(q[h][j], x[j], dot);
-        dot = group_sum<LANES>(dot);
-        s[h][i] = ok ? dot : -__int_as_float(0x7f800000);
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float tmax = s[h][0];
-#pragma unroll
-      for (int i = 1; i < NL; ++i) tmax = fmaxf(tmax, s[h][i]);
-      const float m_new = fmaxf(m[h], across_groups_max<LANES>(tmax));
-      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-      const float scale = exp2f(m[h] - m_use);
-      l[h] *= scale;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) acc[h][j] *= scale;
-#pragma unroll
-      for (int i = 0; i < NL; ++i) { s[h][i] = exp2f(s[h][i] - m_use); l[h] += s[h][i]; }
-      m[h] = m_new;
-    }
-#pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      unpack8<T>(buf[(NL + i) * 32 + lane], x);
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) acc[h][j] = fmaf(s[h][i], x[j], acc[h][j]);
-    }
-  }
 };
 
 QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict__ last_len,
@@ -221,23 +120,12 @@ QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __
 
 // Combine the 4 warps' states through shared memory and write (o, lse) of this split.
 template <typename T, int D, int S, int G>
-QP_DEVICE void finish(Decode<T, D, S, G>& st, const RowPlan& r, int c, int q_heads,
+QP_DEVICE void finish(const Tile<T, D, S, G>& st, const RowPlan& r, int q_heads,
                       int rows_per_req, int splits, uint16_t* __restrict__ out,
                       float* __restrict__ lse, float* __restrict__ ws_o,
                       float* __restrict__ ws_lse, int* __restrict__ row_done) {
-  constexpr int LANES = Decode<T, D, S, G>::LANES;
   __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    const float l = across_groups_sum<LANES>(st.l[h]);
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float a = across_groups_sum<LANES>(st.acc[h][j]);
-      if (lane < LANES) s_acc[warp][h][c * VEC + j] = a;
-    }
-    if (lane == 0) { s_m[warp][h] = st.m[h]; s_l[warp][h] = l; }
-  }
+  st.store(s_acc[threadIdx.x / 32], s_m[threadIdx.x / 32], s_l[threadIdx.x / 32], threadIdx.x % 32);
   __syncthreads();
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int h = idx / D, dim = idx % D;
@@ -281,7 +169,7 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                  int pages_per_split, float scale_log2, uint16_t* __restrict__ out,
                  float* __restrict__ lse, float* __restrict__ ws_o, float* __restrict__ ws_lse,
                  int* __restrict__ row_done) {
-  using St = Decode<T, D, S, G>;
+  using St = Tile<T, D, S, G>;
   // 4 warps x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
   // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async became twice
   // the L2 requests (dense 32K 134 -> 161 us on an H200); aligned, half v6's requests (8.39M ->
@@ -289,7 +177,6 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   extern __shared__ __align__(128) uint4 att_ring[];
   __shared__ int s_page[ATT_MAX_PAGES], s_valid[ATT_MAX_PAGES];
   const int splits = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int c = lane % St::LANES, sub = lane / St::LANES;
   // The split's positions load before the row plan is known (their address needs only block
   // indices), so the chain to the first KV byte is plan | positions -> page ids -> KV.
   const int p_begin = blockIdx.x * pages_per_split;
@@ -304,7 +191,7 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   const RowPlan r = plan_row(indptr, last_len, sel, count, batch, q_heads, kv_heads,
                              rows_per_req, G, count_per_head);
   St st;
-  st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, c, scale_log2);
+  st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2);
   const int nb = max(0, min(r.row_pages, p_begin + pages_per_split) - p_begin);  // <= ATT_MAX_PAGES
 #pragma unroll
   for (int u = 0; u < ATT_MAX_PAGES / (ATT_WARPS * 32); ++u) {
@@ -323,19 +210,21 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   for (int j = 0; j < St::NS - 1; ++j) {
     if (j < mine)
       st.issue(ring + j * St::STAGE, k, v, s_page, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
-               kv_heads, r.kv_head, c, sub, lane);
+               kv_heads, r.kv_head, lane);
     cp_async_commit();
   }
   for (int j = 0; j < mine; ++j) {
     const int ahead = j + St::NS - 1;
+    __syncwarp();  // every lane's reads of the stage refilled below are done
     if (ahead < mine)
       st.issue(ring + (ahead % St::NS) * St::STAGE, k, v, s_page, s_valid, nb,
-               (warp + ahead * ATT_WARPS) * St::TT, kv_heads, r.kv_head, c, sub, lane);
+               (warp + ahead * ATT_WARPS) * St::TT, kv_heads, r.kv_head, lane);
     cp_async_commit();
-    cp_async_wait<St::NS - 1>();  // tile j has landed
-    st.tile(ring + (j % St::NS) * St::STAGE, s_valid, nb, (warp + j * ATT_WARPS) * St::TT, sub, lane);
+    cp_async_wait<St::NS - 1>();  // this lane's copies of tile j have landed,
+    __syncwarp();                 // and every lane's (MmaTile reads rows other lanes copied)
+    st.tile(ring + (j % St::NS) * St::STAGE, s_valid, nb, (warp + j * ATT_WARPS) * St::TT, lane);
   }
-  finish<T, D, S, G>(st, r, c, q_heads, rows_per_req, splits, out, lse, ws_o, ws_lse, row_done);
+  finish<T, D, S, G>(st, r, q_heads, rows_per_req, splits, out, lse, ws_o, ws_lse, row_done);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

@@ -26,9 +26,9 @@ EST_BLOCKS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}  # G -> est_blocks_per_sm (its regi
 TK_THREADS = 1024  # kernels/topk.cu
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 ATT_WARPS = 4  # kernels/attention.cu
-ATT_PIPE = {1: (8, 3), 2: (8, 3), 4: (4, 4), 8: (2, 6)}  # G -> (loads per lane NL, ring stages NS)
+ATT_PIPE = {1: (8, 3), 2: (8, 3), 4: (8, 3), 8: (8, 2)}  # G -> (NL, NS): kernels/attention_tile.cuh Pipe
 ATT_MAX_PAGES = 512  # pages of one split staged in shared memory (kernels/attention.cu)
-CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 2) fit 2 per SM
+CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 4) fit 2 per SM
 _NULL = np.uint64(0)  # a null pointer argument
 _i32 = np.int32
 

@@ -1,0 +1,303 @@
+// The per-warp tile of decode attention (kernels/attention.cu): a ring stage of TT tokens' K and V
+// rows, filled by cp.async, and the online-softmax update over it. Two implementations share one
+// interface (init, issue, tile, store), picked by G, the q heads a CTA serves:
+//   CoreTile (G <= 2): CUDA-core dot products, a token row split over LANES = D/8 lanes;
+//   MmaTile  (G >= 4): tensor cores (mma m16n8k16), the G heads as rows of the A operand.
+// H200, side by side: llama3-8b (G = 4) dense 32K 49.1-49.6 -> 41.4-41.5 us and shared-mode sparse
+// 11.9-12.3 -> 10.0-10.1 us with MmaTile; MHA (G = 1) dense 32K 129.8 -> 130.8 us and sparse
+// 13.7 -> 14.0 us, so G = 1 keeps CoreTile. (ncu, MHA dense 32K: 61.0M -> 40.3M instructions at
+// the same 135 us: at G = 1 the time goes to each warp's tile latency, not to issue slots.)
+#pragma once
+#include "common.cuh"
+
+// Loads per lane per tile (16 tokens at D 128, 32 at D 64: whole k-steps of the tensor-core
+// product) and the depth of the per-warp ring. Shared memory per CTA = 4 warps x NS x 8 KiB:
+// 96 KiB for G <= 4 (2 CTAs per SM), 64 KiB for G = 8, whose combine arrays take 16 KiB more.
+template <int G> struct Pipe {
+  static constexpr int NL = 8;
+  static constexpr int NS = G <= 4 ? 3 : 2;
+};
+
+// 16-byte global -> shared copy that bypasses registers and L1; src_size 0 writes zeros and
+// reads nothing (masked tail slots: their NaN / huge values are never fetched).
+QP_DEVICE void cp_async16(uint4* dst, const uint16_t* src, bool ok) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src),
+               "r"(ok ? 16 : 0) : "memory");
+}
+QP_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> QP_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+
+// Token t of a split holds a valid key: its page exists and t is below the page's fill.
+template <int S> QP_DEVICE bool token_valid(const int* s_valid, int nb, int t) {
+  const int pl = t / S;
+  return pl < nb && t % S < s_valid[pl];
+}
+
+// Global offset of the 16-byte piece c of token t (0 when invalid: the copy reads nothing).
+template <int D, int S>
+QP_DEVICE size_t kv_offset(const int* s_page, int t, int kv_heads, int kv_head, int c, bool ok) {
+  return ok ? (((size_t)s_page[t / S] * kv_heads + kv_head) * S + t % S) * D + c * VEC : 0;
+}
+
+// CUDA cores: lane l holds 8 dimensions (piece c = l % LANES) of token sub = l / LANES of each
+// group of TPL tokens, and dots them with its 8 q values; the ring stage is lane-major.
+template <typename T, int D, int S, int G>
+struct CoreTile {
+  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
+  static constexpr int TT = NL * TPL;         // tokens per warp tile
+  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage: K then V, lane-major
+  float q[G][VEC], acc[G][VEC], m[G], l[G];
+
+  // q pre-scaled by log2(e)/sqrt(D): scores in log2 units.
+  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale) {
+    const int c = lane % LANES;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      unpack8<T>(load16(qb + (size_t)h * D + c * VEC), q[h]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
+      m[h] = -__int_as_float(0x7f800000);
+      l[h] = 0.f;
+    }
+  }
+
+  // Start the copies of tile tok0 into ring stage `buf` (each lane later reads its own slots).
+  QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                       const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
+                       int kv_head, int lane) const {
+    const int c = lane % LANES, sub = lane / LANES;
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      const int t = tok0 + i * TPL + sub;
+      const bool ok = token_valid<S>(s_valid, nb, t);
+      const size_t off = kv_offset<D, S>(s_page, t, kv_heads, kv_head, c, ok);
+      cp_async16(buf + i * 32 + lane, k + off, ok);
+      cp_async16(buf + (NL + i) * 32 + lane, v + off, ok);
+    }
+  }
+
+  // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
+  QP_DEVICE void tile(const uint4* buf, const int* s_valid, int nb, int tok0, int lane) {
+    const int sub = lane / LANES;
+    float s[G][NL], x[VEC];
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      unpack8<T>(buf[i * 32 + lane], x);
+      const bool ok = token_valid<S>(s_valid, nb, tok0 + i * TPL + sub);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) dot = fmaf(q[h][j], x[j], dot);
+        dot = group_sum<LANES>(dot);
+        s[h][i] = ok ? dot : -__int_as_float(0x7f800000);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float tmax = s[h][0];
+#pragma unroll
+      for (int i = 1; i < NL; ++i) tmax = fmaxf(tmax, s[h][i]);
+      const float m_new = fmaxf(m[h], across_groups_max<LANES>(tmax));
+      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
+      const float rescale = exp2f(m[h] - m_use);
+      l[h] *= rescale;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[h][j] *= rescale;
+#pragma unroll
+      for (int i = 0; i < NL; ++i) { s[h][i] = exp2f(s[h][i] - m_use); l[h] += s[h][i]; }
+      m[h] = m_new;
+    }
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      unpack8<T>(buf[(NL + i) * 32 + lane], x);
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[h][j] = fmaf(s[h][i], x[j], acc[h][j]);
+    }
+  }
+
+  // This warp's (acc, m, l) of its G rows into the CTA's combine arrays.
+  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane) const {
+    const int c = lane % LANES;
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      const float sum = across_groups_sum<LANES>(l[h]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float a = across_groups_sum<LANES>(acc[h][j]);
+        if (lane < LANES) s_acc[h][c * VEC + j] = a;
+      }
+      if (lane == 0) { s_m[h] = m[h]; s_l[h] = sum; }
+    }
+  }
+};
+
+// Four 8x8 tiles of 16-bit values from shared memory (rows given by lanes 8m..8m+7 for tile m);
+// .trans hands each lane a column pair instead of a row pair.
+template <bool TRANS> QP_DEVICE void ldmatrix_x4(uint32_t r[4], const uint4* row) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+// c += a (16x16, rows = q heads) * b (16x8), fp32 accumulate; float pairs -> 16-bit pairs.
+template <typename T> struct Mma;
+template <> struct Mma<fp16> {
+  static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static QP_DEVICE uint32_t pack(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+template <> struct Mma<bf16> {
+  static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static QP_DEVICE uint32_t pack(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+};
+
+// Tensor cores: the G q heads are rows 0..G-1 of the 16-row A operand (the rest zero), tokens the
+// N (scores) and K (output) dimensions; lane l holds row l/4 of each accumulator, columns 2(l%4)
+// and +1. A ring stage holds rows of D values, piece c of token t at t * LANES + (c ^ (t % 8)):
+// the XOR puts the 8 rows an ldmatrix reads at once in 8 different bank groups (unswizzled, the
+// 256-byte rows of D 128 put all 8 in one). Scores are scaled to log2 units after the product,
+// so q enters the tensor cores exactly as stored.
+template <typename T, int D, int S, int G>
+struct MmaTile {
+  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
+  static constexpr int TT = NL * TPL;         // tokens per warp tile (a multiple of 16)
+  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage: K rows, then V rows
+  static constexpr int NT = TT / 8, ND = D / 8;  // score tiles (8 tokens), output tiles (8 dims)
+  uint32_t qa[D / 16][4];  // A fragments of q, one per 16 dimensions
+  float acc[ND][4], m, l, scale;  // output tiles; row max (log2 units), this lane's share of the sum
+
+  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale_log2) {
+    const int g = lane / 4, col = 2 * (lane % 4);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
+      qa[kk][0] = g < G ? *reinterpret_cast<const uint32_t*>(row) : 0u;
+      qa[kk][2] = g < G ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
+      qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
+    }
+#pragma unroll
+    for (int n = 0; n < ND; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    m = -__int_as_float(0x7f800000);
+    l = 0.f;
+    scale = scale_log2;
+  }
+
+  static QP_DEVICE int slot(int t, int c) { return t * LANES + (c ^ (t % 8)); }
+
+  // Start the copies of tile tok0 into ring stage `buf` (ldmatrix later reads other lanes' rows:
+  // the caller syncs the warp after waiting).
+  QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                       const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
+                       int kv_head, int lane) const {
+    const int c = lane % LANES, sub = lane / LANES;
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      const int tl = i * TPL + sub, t = tok0 + tl;
+      const bool ok = token_valid<S>(s_valid, nb, t);
+      const size_t off = kv_offset<D, S>(s_page, t, kv_heads, kv_head, c, ok);
+      cp_async16(buf + slot(tl, c), k + off, ok);
+      cp_async16(buf + TT * LANES + slot(tl, c), v + off, ok);
+    }
+  }
+
+  // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
+  QP_DEVICE void tile(const uint4* buf, const int* s_valid, int nb, int tok0, int lane) {
+    float s[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kc = 0; kc < D / 32; ++kc) {  // K rows as B = K^T: 32 dimensions per ldmatrix
+        uint32_t b[4];
+        ldmatrix_x4<false>(b, buf + slot(j * 8 + lane % 8, kc * 4 + lane / 8));
+        Mma<T>::run(s[j], qa[2 * kc], b[0], b[1]);
+        Mma<T>::run(s[j], qa[2 * kc + 1], b[2], b[3]);
+      }
+    }
+    const int col = 2 * (lane % 4);
+    float tmax = -__int_as_float(0x7f800000);
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const bool ok = token_valid<S>(s_valid, nb, tok0 + j * 8 + col + e);
+        s[j][e] = ok ? s[j][e] * scale : -__int_as_float(0x7f800000);
+        tmax = fmaxf(tmax, s[j][e]);
+      }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));  // the row's 4 lanes
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float m_new = fmaxf(m, tmax);
+    const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
+    const float rescale = exp2f(m - m_use);
+    l *= rescale;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) { acc[n][0] *= rescale; acc[n][1] *= rescale; }
+    m = m_new;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      s[j][0] = exp2f(s[j][0] - m_use);
+      s[j][1] = exp2f(s[j][1] - m_use);
+      l += s[j][0] + s[j][1];
+    }
+#pragma unroll
+    for (int ks = 0; ks < TT / 16; ++ks) {  // O += P V, 16 tokens per step
+      const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), 0u,
+                             Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]), 0u};
+#pragma unroll
+      for (int np = 0; np < ND / 2; ++np) {  // V rows as B: two 8-dimension tiles per ldmatrix
+        uint32_t b[4];
+        ldmatrix_x4<true>(b, buf + TT * LANES +
+                                 slot(ks * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * np + lane / 16));
+        Mma<T>::run(acc[2 * np], a, b[0], b[1]);
+        Mma<T>::run(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // This warp's (acc, m, l) of its G rows into the CTA's combine arrays.
+  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane) const {
+    const int g = lane / 4, col = 2 * (lane % 4);
+    float sum = l + __shfl_xor_sync(0xffffffffu, l, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (g >= G) return;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) {
+      s_acc[g][n * 8 + col] = acc[n][0];
+      s_acc[g][n * 8 + col + 1] = acc[n][1];
+    }
+    if (lane % 4 == 0) { s_m[g] = m; s_l[g] = sum; }
+  }
+};
+
+template <bool B, typename X, typename Y> struct Pick { using type = X; };
+template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
+
+template <typename T, int D, int S, int G>
+using Tile = typename Pick<(G >= 4), MmaTile<T, D, S, G>, CoreTile<T, D, S, G>>::type;
