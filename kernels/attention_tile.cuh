@@ -36,19 +36,43 @@ template <int S> QP_DEVICE bool token_valid(const int* s_valid, int nb, int t) {
   return pl < nb && t % S < s_valid[pl];
 }
 
-// Global offset of the 16-byte piece c of token t (0 when invalid: the copy reads nothing).
-template <int D, int S>
-QP_DEVICE size_t kv_offset(const int* s_page, int t, int kv_heads, int kv_head, int c, bool ok) {
-  return ok ? (((size_t)s_page[t / S] * kv_heads + kv_head) * S + t % S) * D + c * VEC : 0;
-}
-
-// CUDA cores: lane l holds 8 dimensions (piece c = l % LANES) of token sub = l / LANES of each
-// group of TPL tokens, and dots them with its 8 q values; the ring stage is lane-major.
-template <typename T, int D, int S, int G>
-struct CoreTile {
+// A warp's ring of NS stages; a stage holds TT rows of D values for K, then TT for V, 16-byte
+// piece c of row t at slot(t, c). Lane l copies piece l % LANES of rows l / LANES + TPL i.
+// SWIZZLE XORs the piece with t % 8, so the 8 rows an ldmatrix reads at once sit in 8 different
+// bank groups (unswizzled, the 256-byte rows of D 128 put all 8 in one); CoreTile reads only its
+// own lane's pieces and needs none.
+template <int D, int S, int G, bool SWIZZLE>
+struct Ring {
   static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
   static constexpr int TT = NL * TPL;         // tokens per warp tile
-  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage: K then V, lane-major
+  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage
+  static QP_DEVICE int slot(int t, int c) { return t * LANES + (SWIZZLE ? c ^ (t % 8) : c); }
+
+  // Start the copies of tile tok0 into ring stage `buf`.
+  static QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k,
+                              const uint16_t* __restrict__ v, const int* s_page,
+                              const int* s_valid, int nb, int tok0, int kv_heads, int kv_head,
+                              int lane) {
+    const int c = lane % LANES, sub = lane / LANES;
+#pragma unroll
+    for (int i = 0; i < NL; ++i) {
+      const int tl = i * TPL + sub, t = tok0 + tl;
+      const bool ok = token_valid<S>(s_valid, nb, t);
+      const size_t off = ok ? (((size_t)s_page[t / S] * kv_heads + kv_head) * S + t % S) * D
+                                  + c * VEC : 0;
+      const int at = SWIZZLE ? slot(tl, c) : i * 32 + lane;  // = slot(tl, c) unswizzled
+      cp_async16(buf + at, k + off, ok);
+      cp_async16(buf + TT * LANES + at, v + off, ok);
+    }
+  }
+};
+
+// CUDA cores: lane l holds 8 dimensions (piece c = l % LANES) of token sub = l / LANES of each
+// group of TPL tokens, the pieces it copied itself, and dots them with its 8 q values.
+template <typename T, int D, int S, int G>
+struct CoreTile : Ring<D, S, G, false> {
+  using R = Ring<D, S, G, false>;
+  using R::LANES, R::TPL, R::NL;
   float q[G][VEC], acc[G][VEC], m[G], l[G];
 
   // q pre-scaled by log2(e)/sqrt(D): scores in log2 units.
@@ -61,21 +85,6 @@ struct CoreTile {
       for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
       m[h] = -__int_as_float(0x7f800000);
       l[h] = 0.f;
-    }
-  }
-
-  // Start the copies of tile tok0 into ring stage `buf` (each lane later reads its own slots).
-  QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                       const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
-                       int kv_head, int lane) const {
-    const int c = lane % LANES, sub = lane / LANES;
-#pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      const int t = tok0 + i * TPL + sub;
-      const bool ok = token_valid<S>(s_valid, nb, t);
-      const size_t off = kv_offset<D, S>(s_page, t, kv_heads, kv_head, c, ok);
-      cp_async16(buf + i * 32 + lane, k + off, ok);
-      cp_async16(buf + (NL + i) * 32 + lane, v + off, ok);
     }
   }
 
@@ -150,45 +159,36 @@ template <bool TRANS> QP_DEVICE void ldmatrix_x4(uint32_t r[4], const uint4* row
 }
 
 // c += a (16x16, rows = q heads) * b (16x8), fp32 accumulate; float pairs -> 16-bit pairs.
+// One definition for both storage types: TY is the PTX type name (f16, bf16).
 template <typename T> struct Mma;
-template <> struct Mma<fp16> {
-  static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static QP_DEVICE uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-};
-template <> struct Mma<bf16> {
-  static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static QP_DEVICE uint32_t pack(float lo, float hi) {
-    uint32_t r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-};
+#define QP_MMA(TAG, TY)                                                                       \
+  template <> struct Mma<TAG> {                                                               \
+    static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {     \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
+                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                   \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                           \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));           \
+    }                                                                                         \
+    static QP_DEVICE uint32_t pack(float lo, float hi) {                                      \
+      uint32_t r;                                                                             \
+      asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));                    \
+      return r;                                                                               \
+    }                                                                                         \
+  };
+QP_MMA(fp16, "f16")
+QP_MMA(bf16, "bf16")
+#undef QP_MMA
 
 // Tensor cores: the G q heads are rows 0..G-1 of the 16-row A operand (the rest zero), tokens the
 // N (scores) and K (output) dimensions; lane l holds row l/4 of each accumulator, columns 2(l%4)
-// and +1. A ring stage holds rows of D values, piece c of token t at t * LANES + (c ^ (t % 8)):
-// the XOR puts the 8 rows an ldmatrix reads at once in 8 different bank groups (unswizzled, the
-// 256-byte rows of D 128 put all 8 in one). Scores are scaled to log2 units after the product,
-// so q enters the tensor cores exactly as stored.
+// and +1; ldmatrix reads K and V rows that other lanes copied (the caller syncs the warp after
+// waiting). Scores are scaled to log2 units after the product, so q enters the tensor cores
+// exactly as stored.
 template <typename T, int D, int S, int G>
-struct MmaTile {
-  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
-  static constexpr int TT = NL * TPL;         // tokens per warp tile (a multiple of 16)
-  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage: K rows, then V rows
+struct MmaTile : Ring<D, S, G, true> {
+  using R = Ring<D, S, G, true>;
+  using R::LANES, R::TT, R::slot;
+  static_assert(TT % 16 == 0, "a tile is whole k-steps of 16 tokens");
   static constexpr int NT = TT / 8, ND = D / 8;  // score tiles (8 tokens), output tiles (8 dims)
   uint32_t qa[D / 16][4];  // A fragments of q, one per 16 dimensions
   float acc[ND][4], m, l, scale;  // output tiles; row max (log2 units), this lane's share of the sum
@@ -207,24 +207,6 @@ struct MmaTile {
     m = -__int_as_float(0x7f800000);
     l = 0.f;
     scale = scale_log2;
-  }
-
-  static QP_DEVICE int slot(int t, int c) { return t * LANES + (c ^ (t % 8)); }
-
-  // Start the copies of tile tok0 into ring stage `buf` (ldmatrix later reads other lanes' rows:
-  // the caller syncs the warp after waiting).
-  QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
-                       const int* s_page, const int* s_valid, int nb, int tok0, int kv_heads,
-                       int kv_head, int lane) const {
-    const int c = lane % LANES, sub = lane / LANES;
-#pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      const int tl = i * TPL + sub, t = tok0 + tl;
-      const bool ok = token_valid<S>(s_valid, nb, t);
-      const size_t off = kv_offset<D, S>(s_page, t, kv_heads, kv_head, c, ok);
-      cp_async16(buf + slot(tl, c), k + off, ok);
-      cp_async16(buf + TT * LANES + slot(tl, c), v + off, ok);
-    }
   }
 
   // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
