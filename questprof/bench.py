@@ -239,9 +239,11 @@ def same_bytes_bounds(rows: list[dict]) -> list[tuple[str, float | None, float |
 
 
 def format_bounds(rows: list[dict]) -> str:
+    """same_bytes_bounds as a table (n/a where a stage has no plain-read time)."""
     lines = ["at a stage's own size".ljust(50) + f"{'us':>8}{'ratio':>8}"]
     for what, us, ratio in same_bytes_bounds(rows):
-        lines.append(f"{what:<50}" + (f"{us:8.1f}{ratio:8.2f}" if us is not None else f"{'n/a':>8}"))
+        shown = f"{us:8.1f}{ratio:8.2f}" if us is not None else f"{'n/a':>8}"
+        lines.append(f"{what:<50}{shown}")
     return "\n".join(lines)
 
 
