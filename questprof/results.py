@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from questprof.config import ConfigError
-from questprof.model import STAGES
+from questprof.core import model
+from questprof.core.config import ConfigError
+from questprof.core.stages import ROW_STAGES
 
 ROWS = "rows.jsonl"
 PARQUET = "results.parquet"
@@ -25,15 +26,48 @@ META = "meta.json"
 
 COLUMNS = (
     "scenario", "model", "layers", "q_heads", "kv_heads", "head_dim", "dtype", "length", "batch",
-    "page_size", "budget", "k_pages", "pages", "mode", "stage", "backend", "method", "median_ms",
-    "p20_ms", "p80_ms", "p95_ms", "read_bytes", "unmodelled_bytes", "write_bytes", "flops",
-    "bandwidth_gbs", "measured_read_bytes", "measured_write_bytes", "bytes_source", "rho_formula",
-    "rho_model", "sm_clock_mhz", "mem_clock_mhz", "throttled", "status", "reason",
+    "page_size", "budget", "k_pages", "pages", "mode", "seed", "config_key", "stage", "impl",
+    "backend", "method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "read_bytes",
+    "unmodelled_bytes", "write_bytes", "flops", "bandwidth_gbs", "measured_read_bytes",
+    "measured_write_bytes", "bytes_source", "bytes_ratio", "rho_formula", "rho_model",
+    "sm_clock_mhz", "mem_clock_mhz", "throttled", "sim_layers", "status", "reason", "note",
 )
-# Beyond the contract: the resume key, the seed and the layers of the timed (cold-cache) pass.
-EXTRA_COLUMNS = ("config_key", "seed", "sim_layers")
+TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
+                 "mem_clock_mhz", "throttled")
+OURS = "ours"  # impl of our kernels; peers are named "torch-sdpa", "torch-naive", "torch-gather"
 VERDICTS = ("SAME", "FASTER", "SLOWER", "MISSING")
-STAGE_ORDER = (*STAGES, "quest")  # the order of the rows of one configuration
+STAGE_ORDER = ROW_STAGES  # the order of the rows of one configuration
+
+
+def make_row(cfg, stage: str, *, scenario: str, backend: str, impl: str = OURS,
+             timing: dict | None = None, work=None, layers: int | None = None,
+             union: float | None = None, status: str = "ok", reason: str | None = None,
+             **extra) -> dict:
+    """The one results row (notes/CONTRACTS.md) of `stage` of configuration cfg.
+
+    timing: Timing.summary() (median/p20/p80/p95 ms per layer, method, clocks) or None;
+    work: core.model.StageWork of the stage (bytes and FLOPs per layer) or None;
+    extra: fields of one command (bench ratios, e2e step times, measured bytes, ...).
+    bandwidth_gbs counts the bytes read (modelled + unmodelled) over the median: decode reads.
+    """
+    timing = dict(timing or {})
+    median = timing.get("median_ms")
+    read = work.total_read if work is not None else None
+    row = {"scenario": scenario, **cfg.as_dict(), "config_key": cfg.key(), "stage": stage,
+           "impl": impl, "backend": backend, **{k: timing.get(k) for k in TIMING_FIELDS},
+           "read_bytes": getattr(work, "read", None),
+           "unmodelled_bytes": getattr(work, "unmodelled_read", None),
+           "write_bytes": getattr(work, "write", None), "flops": getattr(work, "flops", None),
+           "bandwidth_gbs": read / (median * 1e-3) / 1e9 if read and median else None,
+           "measured_read_bytes": None, "measured_write_bytes": None, "bytes_source": None,
+           "bytes_ratio": None,
+           "rho_formula": model.rho(cfg.page_size, cfg.k_pages, cfg.pages),
+           "rho_model": model.quest_rho(cfg, union), "sim_layers": layers,
+           "status": status, "reason": reason, "note": timing.get("note")}
+    row.update(extra)
+    if row["measured_read_bytes"] is not None and read:
+        row["bytes_ratio"] = row["measured_read_bytes"] / read
+    return row
 
 
 def now() -> str:
@@ -96,6 +130,15 @@ class ResultsWriter:
         self.close(finished=exc_type is None)
 
 
+def append_rows(out_dir, rows: list[dict], **meta) -> None:
+    """Add rows (and meta fields) to an existing results directory."""
+    old = load(out_dir)[1]
+    with ResultsWriter(out_dir, old) as writer:
+        writer.write_meta(**meta)
+        for row in rows:
+            writer.append(row)
+
+
 def read_rows(out_dir) -> list[dict]:
     """Rows of rows.jsonl; a torn last line (a crash mid-write) is dropped."""
     path = Path(out_dir) / ROWS
@@ -143,9 +186,9 @@ def load(out_dir) -> tuple[pd.DataFrame, dict]:
     raise FileNotFoundError(f"{out_dir} holds no {ROWS} nor {PARQUET}: not a results directory")
 
 
-def done_keys(out_dir) -> set[tuple[str, str]]:
-    """(config_key, stage) of every row already on disk (ok or skipped), for resuming."""
-    return {(r["config_key"], r["stage"]) for r in read_rows(out_dir)
+def done_keys(out_dir) -> set[tuple[str, str, str]]:
+    """(config_key, stage, impl) of every row already on disk (ok or skipped), for resuming."""
+    return {(r["config_key"], r["stage"], r.get("impl") or OURS) for r in read_rows(out_dir)
             if r.get("config_key") and r.get("stage")}
 
 
@@ -178,25 +221,3 @@ def compare(dir_a, dir_b, threshold: float = 0.05) -> pd.DataFrame:
     rank = both["stage"].map({s: i for i, s in enumerate(STAGE_ORDER)})
     both = both.assign(_rank=rank).sort_values([*keys[:-1], "_rank"], kind="stable")
     return both[keys + ["median_ms_a", "median_ms_b", "ratio", "verdict"]].reset_index(drop=True)
-
-
-def summary_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One line per configuration: dense and quest ms, speedup (dense / quest), rho, a note."""
-    keys = [k for k in ("length", "batch", "page_size", "budget", "mode") if k in df]
-    df = df[df["stage"].isin(STAGE_ORDER)]  # e2e and context-parallel rows have their own views
-    out = []
-    for key, group in df.groupby(keys, sort=False, dropna=False):
-        by_stage = {r["stage"]: r for _, r in group.iterrows()}
-        dense, quest = by_stage.get("dense"), by_stage.get("quest")
-        line = dict(zip(keys, key))
-        ok = all(r is not None and r["status"] == "ok" for r in (dense, quest))
-        line["dense_ms"] = dense["median_ms"] if ok else None
-        line["quest_ms"] = quest["median_ms"] if ok else None
-        line["speedup"] = dense["median_ms"] / quest["median_ms"] if ok else None
-        line["rho_formula"] = quest["rho_formula"] if quest is not None else None
-        skipped = group[group["status"] != "ok"]["reason"].dropna()
-        dense_budget = line.get("budget", 0) >= line.get("length", 1)
-        line["note"] = ("quest = dense (budget >= length)" if dense_budget
-                        else f"skipped: {skipped.iloc[0]}" if len(skipped) else "")
-        out.append(line)
-    return pd.DataFrame(out)

@@ -7,9 +7,9 @@ import zlib
 import numpy as np
 import pytest
 
-from questprof import reference
+from questprof.core import reference
 from questprof.backends import gpu_unavailable_reason
-from questprof.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
+from questprof.core.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
 
 TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-5}  # ||out - ref|| / ||ref|| against float64
 

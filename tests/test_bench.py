@@ -1,70 +1,71 @@
-"""The benchmark's bookkeeping (no GPU): same-bytes ceilings, bounds and goals from rows."""
+"""The benchmark's bookkeeping (no GPU): cases and goals from scenarios/bench.toml, speedups
+against the fastest dense, goals from rows."""
 
 from __future__ import annotations
 
 import pytest
 
-from questprof import bench
+from questprof.commands import bench
+from questprof.core.config import ConfigError
+
+MHA = "mha-32h-d128"
 
 
-def _row(stage, us, length=32768, backend="cupy", read=1000, unmodelled=24, ratio=None):
-    return {"model": bench.MHA.name, "batch": 1, "length": length, "stage": stage,
-            "backend": backend, "median_ms": us * 1e-3, "read_bytes": read,
-            "unmodelled_bytes": unmodelled, "ratio": ratio, "bandwidth_gbs": None,
-            "page_size": 16, "budget": 2048, "mode": "per-head", "method": "cuda-graph"}
+def _row(stage, us, impl="ours", length=32768, ratio=None):
+    return {"model": MHA, "batch": 1, "length": length, "stage": stage, "impl": impl,
+            "median_ms": us * 1e-3, "ratio": ratio, "page_size": 16, "budget": 2048,
+            "mode": "per-head"}
 
 
 def _rows():
-    return [_row("estimate", 11.0, read=2000), _row("topk", 7.0, read=None, unmodelled=None),
-            _row("attention", 13.0, read=3000), _row("dense", 128.0, read=50000),
-            _row("quest", 31.0, read=5000), _row("dense", 124.0, backend="torch-sdpa")]
+    return [_row("estimate", 11.0), _row("topk", 7.0), _row("attention", 13.0),
+            _row("dense", 128.0, ratio=0.91), _row("quest", 31.0),
+            _row("dense", 124.0, "torch-sdpa"), _row("quest", 200.0, "torch-naive")]
 
 
-def test_same_bytes_only_on_our_streaming_stages():
-    rows, asked = _rows(), []
-
-    def read_ms(n):
-        asked.append(n)
-        return n * 4e-6  # 4 ns per byte: 2024 B -> 8.096 us
-
-    bench.add_same_bytes(rows, read_ms)
-    marked = {r["stage"]: r for r in rows if "same_read_ms" in r}
-    assert set(marked) == {"estimate", "attention", "dense"}
-    assert marked["dense"]["backend"] == "cupy"
-    assert sorted(asked) == [2024, 3024, 50024]  # modelled + unmodelled bytes
-    est = marked["estimate"]
-    assert est["same_ratio"] == pytest.approx(2024 * 4e-6 / 11.0e-3)
+def test_bench_file_has_the_issue_cases_and_goals():
+    cases, goals = bench.load_bench()
+    assert {(c.model.name, c.length, c.batch) for c in cases} >= {
+        (MHA, 32768, 1), (MHA, 131072, 1), (MHA, 32768, 8), ("llama3-8b", 32768, 1)}
+    assert {c.mode for c in cases if c.model.name == "llama3-8b"} == {
+        "per-head", "shared-max", "shared-mean"}
+    quick, _ = bench.load_bench(quick=True)
+    assert {(c.length, c.batch) for c in quick} == {(32768, 1), (131072, 1)}
+    assert {g["metric"] for g in goals} >= {"speedup", "dense_sdpa"}
 
 
-def test_same_bytes_unknown_leaves_the_row_alone():
+def test_a_case_naming_an_unknown_model_is_refused(tmp_path):
+    path = tmp_path / "b.toml"
+    path.write_text('[[case]]\nmodel = "nope"\nlength = 1\nbatch = 1\npage_size = 16\n'
+                    'budget = 16\n')
+    with pytest.raises(ConfigError, match="unknown model 'nope'"):
+        bench.load_bench(path)
+
+
+def test_speedup_is_against_the_fastest_dense_of_the_case():
     rows = _rows()
-    bench.add_same_bytes(rows, lambda n: None)  # below the ladder's first rung
-    assert not any("same_ratio" in r for r in rows)
-    assert "same-B" in bench.format_table(rows)
-
-
-def test_bounds_sum_plain_reads_and_our_topk():
-    rows = _rows()
-    bench.add_same_bytes(rows, lambda n: {2024: 9e-3, 3024: 9.5e-3}.get(n, 1.0))
-    bounds = {what: (us, ratio) for what, us, ratio in bench.same_bytes_bounds(rows)}
-    assert bounds["estimate 32K / plain read of its bytes"] == pytest.approx((9.0, 9 / 11))
-    quest_us, speedup = bounds["quest 32K at plain reads + our top-K (speedup)"]
-    assert quest_us == pytest.approx(9.0 + 7.0 + 9.5)
-    assert speedup == pytest.approx(128.0 / 25.5)
-    assert bounds["estimate 128K / plain read of its bytes"] == (None, None)
-    assert not any(what.startswith("quest 128K") for what in bounds)
-    text = bench.format_bounds(rows)
-    assert "n/a" in text and "25.5" in text
+    bench.add_speedups(rows)
+    ours = next(r for r in rows if r["stage"] == "quest" and r["impl"] == "ours")
+    assert ours["speedup"] == pytest.approx(124 / 31) and ours["dense_impl"] == "torch-sdpa"
+    rows = [r for r in _rows() if r["impl"] != "torch-sdpa"]
+    bench.add_speedups(rows)
+    ours = next(r for r in rows if r["stage"] == "quest" and r["impl"] == "ours")
+    assert ours["speedup"] == pytest.approx(128 / 31) and ours["dense_impl"] == "ours"
 
 
 def test_goals_compare_with_targets():
     rows = _rows()
-    rows[0]["ratio"], rows[3]["ratio"] = 0.86, 0.91
-    goals = {g: (value, met) for g, value, _, met in bench.goals(rows)}
-    assert goals["estimate 32K / read BW"] == (0.86, True)
-    assert goals["dense 32K / read BW"] == (0.91, True)
-    value, met = goals["dense 32K / torch SDPA time"]
-    assert value == pytest.approx(128 / 124) and met is False
-    value, met = goals["quest speedup vs dense 32K"]
-    assert value == pytest.approx(128 / 31) and met is False
-    assert goals["dense 128K / read BW"] == (None, None)
+    bench.add_speedups(rows)
+    case = {"model": MHA, "length": 32768, "batch": 1}
+    goal_list = [{"metric": "speedup", "case": case, "target": ">= 5.5"},
+                 {"metric": "dense_sdpa", "case": case, "target": "<= 1.00"},
+                 {"metric": "ratio", "stage": "dense", "case": case, "target": ">= 0.90"},
+                 {"metric": "us", "stage": "topk", "case": case, "target": "<= 10"},
+                 {"metric": "us", "stage": "topk", "case": {**case, "length": 131072},
+                  "target": "<= 10"}]
+    got = [(value, met) for _, value, _, met in bench.goals(rows, goal_list)]
+    assert got[0][0] == pytest.approx(124 / 31) and got[0][1] is False
+    assert got[1][0] == pytest.approx(128 / 124) and got[1][1] is False
+    assert got[2] == (0.91, True)
+    assert got[3][0] == pytest.approx(7.0) and got[3][1] is True
+    assert got[4] == (None, None)  # no such row: not judged

@@ -5,21 +5,30 @@ import json
 import numpy as np
 import pytest
 
-from questprof import bytecheck, byterows, model
-from questprof.byterows import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, Row, judge, verdict
-from questprof.config import Config, load_scenario
+from questprof.commands import bytes as bytecheck
+from questprof.commands import bytes_verdict as byterows
+from questprof.commands.bytes_verdict import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, judge, verdict
+from questprof.core import model
+from questprof.core.config import Config, config_from_dict, load_scenario
+from questprof.workload.pools import Workload
 
 MIB = 1 << 20
 
 
-def row(stage="attention", read=64 * MIB, measured=64 * MIB, write=0, measured_write=0,
-        source="cupti", unmodelled=0):
-    return judge(Row("cfg", stage, source, read, unmodelled, write, measured, measured_write))
+def raw(stage="attention", read=64 * MIB, measured=64 * MIB, write=0, measured_write=0,
+        source="cupti", unmodelled=0, impl="ours"):
+    return {"model": "cfg", "stage": stage, "impl": impl, "bytes_source": source,
+            "read_bytes": read, "unmodelled_bytes": unmodelled, "write_bytes": write,
+            "measured_read_bytes": measured, "measured_write_bytes": measured_write}
+
+
+def row(*args, **kwargs):
+    return judge(raw(*args, **kwargs))
 
 
 def test_within_tolerance_passes():
     rows = [row(measured=64 * MIB * 1.049), row("dense", measured=64 * MIB * 0.951)]
-    assert all(r.within for r in rows)
+    assert all(r["bytes_within"] for r in rows)
     status, lines = verdict(rows)
     assert status == EXIT_OK and "all 2 judged" in lines[0]
 
@@ -32,38 +41,38 @@ def test_outside_tolerance_fails_and_names_stage_and_amount():
 
 
 def test_unmodelled_bytes_count_in_the_expected_read():
-    assert row(read=60 * MIB, unmodelled=4 * MIB, measured=64 * MIB).read_ratio == pytest.approx(1)
+    assert row(read=60 * MIB, unmodelled=4 * MIB, measured=64 * MIB)["bytes_ratio"] == pytest.approx(1)
 
 
 def test_tolerance_is_a_parameter():
-    assert judge(Row("c", "dense", "cupti", 64 * MIB, 0, 0, 64 * MIB * 1.08, 0), 0.10).within
-    assert not judge(Row("c", "dense", "cupti", 64 * MIB, 0, 0, 64 * MIB * 1.08, 0), 0.05).within
+    assert judge(raw("dense", measured=64 * MIB * 1.08), 0.10)["bytes_within"]
+    assert not judge(raw("dense", measured=64 * MIB * 1.08), 0.05)["bytes_within"]
 
 
 def test_writes_are_reported_not_judged():
     """DRAM writes of a window carry write-backs of lines dirtied before it (H200: 1.4 MB per
     2 GiB read call) and miss outputs that stay in L2: shown with their ratio, never judged."""
     high = row(write=8 * MIB, measured_write=10 * MIB)
-    assert high.within and high.write_ratio == pytest.approx(1.25)
-    assert row(write=8 * MIB, measured_write=0.1 * MIB).within
-    assert not row(write=8 * MIB, measured_write=8 * MIB, measured=80 * MIB).within  # reads still
+    assert high["bytes_within"] and high["write_ratio"] == pytest.approx(1.25)
+    assert row(write=8 * MIB, measured_write=0.1 * MIB)["bytes_within"]
+    assert not row(write=8 * MIB, measured_write=8 * MIB, measured=80 * MIB)["bytes_within"]
 
 
 def test_small_stage_is_reported_not_judged():
     r = row("summary", read=6144, measured=90_000)
-    assert r.within is None and "not judged" in r.note
+    assert r["bytes_within"] is None and "not judged" in r["note"]
     assert verdict([r, row()])[0] == EXIT_OK
 
 
 def test_naive_rows_are_never_judged():
-    r = row("naive", measured=200 * MIB)
-    assert r.within is None
+    r = row("attention", measured=200 * MIB, impl="torch-gather")
+    assert r["bytes_within"] is None
     assert verdict([r])[0] == EXIT_OK
 
 
 def test_nvml_rows_judge_total_bytes():
     r = row(read=60 * MIB, write=4 * MIB, measured=64 * MIB, measured_write=None, source="nvml")
-    assert r.within and r.write_ratio is None
+    assert r["bytes_within"] and r["write_ratio"] is None
 
 
 def test_no_source_gives_distinct_status_and_one_line():
@@ -95,7 +104,7 @@ def smoke_config(**over) -> Config:
 
 def test_config_round_trips_through_as_dict():
     cfg = smoke_config(mode="shared-max")
-    assert bytecheck.config_from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
+    assert config_from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
 
 
 @pytest.mark.parametrize("mode", ["per-head", "shared-max"])
@@ -103,28 +112,44 @@ def test_workload_and_naive_peer_on_numpy(mode):
     """The naive torch gather + SDPA must compute Quest's sparse attention."""
     pytest.importorskip("torch")
     from questprof.backends.numpy import NumpyBackend
-    from questprof.layout import from_storage
+    from questprof.core.layout import from_storage
 
     cfg = smoke_config(mode=mode)
-    work = bytecheck.Workload(cfg, NumpyBackend(), layers=2)
+    work = Workload(cfg, NumpyBackend(), 2)
     quest, _ = work.launcher("attention")(1)
-    naive = work.launcher("naive")(1).squeeze(2).float().numpy()
+    naive = work.launcher("torch-gather")(1).squeeze(2).float().numpy()
     ref = from_storage(quest, cfg.model.dtype)
     assert np.linalg.norm(naive - ref) / np.linalg.norm(ref) < 2e-3
-    union = work.union_pages()
+    from questprof.workload.peers import gathered_bytes
+
+    union = work.union
     k = cfg.k_pages
     assert (union is None) == (mode != "per-head")
     if union is not None:
         assert k <= union <= min(cfg.model.group * k, cfg.pages)
-    assert work.gathered_bytes() == 2 * model.score_heads(cfg) * cfg.batch * k * 16 * 64 * 2
+    sel = work.selections[0][0]
+    assert gathered_bytes(cfg, sel) == 2 * model.score_heads(cfg) * cfg.batch * k * 16 * 64 * 2
 
 
-def test_every_stage_has_a_launcher():
+def test_every_stage_launcher_computes_its_stage():
+    """Each launcher returns what its stage computes on that layer (checked against the
+    reference composition), and an unknown stage is refused by name."""
     from questprof.backends.numpy import NumpyBackend
+    from questprof.core import reference
 
-    work = bytecheck.Workload(smoke_config(length=100, batch=1), NumpyBackend(), layers=1)
-    for stage in bytecheck.STAGES:
-        work.launcher(stage)(0)
+    work = Workload(smoke_config(length=100, batch=1, budget=32), NumpyBackend(), 2)
+    b, kv, q = work.backend, work.kvs[1], work.q
+    scores = work.launcher("estimate")(1)
+    np.testing.assert_array_equal(scores, b.estimate(q, kv, "per-head"))
+    sel, count = work.launcher("topk")(1)
+    np.testing.assert_array_equal(sel, b.topk(scores, kv, work.cfg.k_pages)[0])
+    out, _ = work.launcher("quest")(1)
+    np.testing.assert_allclose(out, work.launcher("attention")(1)[0])
+    dense, _ = work.launcher("dense")(1)
+    assert not np.allclose(dense, out)  # 2 of 7 pages: the sparse output differs from dense
+    assert reference.MODES and work.calls("dense") == 2
+    with pytest.raises(ValueError, match="unknown stage"):
+        work.launcher("nope")
 
 
 def test_cupti_and_ncu_agreement_names_the_stage_beyond_one_percent():
@@ -171,7 +196,8 @@ def test_rotation_follows_the_smallest_judged_input():
 def test_topk_rotates_over_score_copies():
     from questprof.backends.numpy import NumpyBackend
 
-    work = bytecheck.Workload(smoke_config(), NumpyBackend(), layers=2, topk_calls=5)
+    work = Workload(smoke_config(), NumpyBackend(), 2)
+    work.rotate_topk(5)
     assert work.calls("topk") == 5 and work.calls("estimate") == work.calls("dense") == 2
     assert work.topk_scores[0] is work.scores[0] and work.topk_scores[3] is not work.scores[1]
     np.testing.assert_array_equal(work.topk_scores[3], work.scores[1])
@@ -181,7 +207,7 @@ def test_topk_rotates_over_score_copies():
 
 def test_agreement_with_ncu_at_zero_bytes_is_a_disagreement():
     rows = [row("dense", 64 * MIB, 64 * MIB, source="cupti"), row("dense", 64 * MIB, 0, source="ncu")]
-    rows[1].within = True  # judged elsewhere; a 0 B ncu count must not divide by zero
+    rows[1]["bytes_within"] = True  # judged elsewhere; a 0 B ncu count must not divide by zero
     ok, lines = byterows.agreement(rows)
     assert not ok and "inf" in lines[0]
 
@@ -192,9 +218,9 @@ def test_short_rotations_are_named():
     rows = [row("estimate", 8 * MIB), row("attention", 100 * MIB), row("summary", 1000, 0)]
     work = SimpleNamespace(calls=lambda stage: 4)  # 4 x 8 MiB < 8 x 60 MiB; 4 x 100 MiB too
     bytecheck._note_short_rotations(rows, work)
-    assert "rotation pass 32 MiB < 480 MiB" in rows[0].note
-    assert "rotation pass 400 MiB" in rows[1].note and "rotation" not in rows[2].note
+    assert "rotation pass 32 MiB < 480 MiB" in rows[0]["note"]
+    assert "rotation pass 400 MiB" in rows[1]["note"] and "rotation" not in (rows[2]["note"] or "")
     work = SimpleNamespace(calls=lambda stage: 5)
     rows = [row("attention", 100 * MIB)]
     bytecheck._note_short_rotations(rows, work)
-    assert rows[0].note == ""
+    assert not rows[0].get("note")

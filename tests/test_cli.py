@@ -6,7 +6,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from questprof import SCENARIOS_DIR, results, sweep
+from questprof import SCENARIOS_DIR, results
+from questprof.commands import sweep
+from questprof.measure import timing
 from questprof.cli import app
 
 FAST = ["--repeats", "2", "--warmup", "0"]
@@ -45,7 +47,7 @@ def test_smoke_sweep_without_gpu_leaves_results_and_report(tmp_path, monkeypatch
     if meta["backend"] == "numpy":
         assert "No usable GPU" in result.stderr
         assert "times are CPU times, not GPU kernel times" in result.stderr
-    assert len(df) == 4 * len(sweep.STAGES) and set(df["status"]) == {"ok"}
+    assert len(df) == 4 * len(sweep.ROW_STAGES) and set(df["status"]) == {"ok"}
     assert meta["finished"] and meta["scenario"] == "smoke" and "machine" in meta
     assert "speedup" in result.stdout
 
@@ -94,7 +96,7 @@ def test_broken_scenario_file(tmp_path, edit, word):
 
 def test_ctrl_c_keeps_rows_and_resume_finishes(tmp_path, monkeypatch):
     out_dir = tmp_path / "run"
-    real, calls = sweep.time_layers, []
+    real, calls = timing.time_layers, []
 
     def interrupt_on_ninth(*args, **kwargs):
         calls.append(1)
@@ -102,20 +104,20 @@ def test_ctrl_c_keeps_rows_and_resume_finishes(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sweep, "time_layers", interrupt_on_ninth)
+    monkeypatch.setattr(timing, "time_layers", interrupt_on_ninth)
     result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--out", out_dir, *FAST)
     assert result.exit_code == 130
     assert "interrupted" in result.stderr and "--resume" in result.stderr
     kept = results.read_rows(out_dir)
-    assert len(kept) == 9  # 2k: 5 timed stages + quest; 4k: 3 stages, the 4th was interrupted
+    assert len(kept) == 8  # 2k: 5 stages + the timed Quest pass; 4k: 2 rows, the 3rd interrupted
     assert (out_dir / results.PARQUET).is_file()
-    monkeypatch.setattr(sweep, "time_layers", real)
+    monkeypatch.setattr(timing, "time_layers", real)
     result = run("sweep", "--resume", out_dir)  # scenario and lengths come from meta.json
     assert result.exit_code == 0, result.output
     rows = results.read_rows(out_dir)
-    assert len(rows) == 2 * len(sweep.STAGES)
+    assert len(rows) == 2 * len(sweep.ROW_STAGES)
     assert len({(r["config_key"], r["stage"]) for r in rows}) == len(rows)
-    assert rows[:9] == kept
+    assert rows[:8] == kept
 
 
 def test_report_and_compare(tmp_path):

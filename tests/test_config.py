@@ -6,8 +6,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from questprof import config
-from questprof.config import ConfigError, ModelShape, expand, load_scenario, parse_sizes
+from questprof.core import config
+from questprof.core.config import ConfigError, ModelShape, expand, load_scenario, parse_sizes
 
 K = 1024
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from questprof import context_parallel as cp
-from questprof import layout, reference as ref
+from questprof.core import sharding as cp
+from questprof.core import layout, reference as ref
 from questprof.backends.numpy import NumpyBackend
 
 
@@ -88,7 +88,7 @@ def test_held_work_splits_the_single_device_reads(mode):
 def test_gloo_ranks_equal_single_device():
     torch = pytest.importorskip("torch", reason="torch (CPU) is installed by .ci/run")
     assert torch.distributed.is_available()
-    from questprof import distributed
+    from questprof.commands import context_parallel as distributed
 
     cfg = dict(length=300, batch=2, page_size=16, kv_heads=2, q_heads=4, head_dim=16, dtype="fp32")
     results = distributed.launch(2, cfg, k_pages=5, seed=3, dist_backend="gloo", steps=2)
@@ -108,7 +108,7 @@ def test_nccl_ranks_equal_single_gpu(gpu):
     import cupy
     if cupy.cuda.runtime.getDeviceCount() < 2:
         pytest.skip("needs 2 GPUs for NCCL ranks")
-    from questprof import distributed
+    from questprof.commands import context_parallel as distributed
 
     cfg = dict(length=20000, batch=2, page_size=16, kv_heads=8, q_heads=32, head_dim=128,
                dtype="fp16")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from questprof import layout
+from questprof.core import layout
 
 
 @pytest.mark.parametrize("length,pages,last", [(1, 1, 1), (15, 1, 15), (16, 1, 16), (17, 2, 1),

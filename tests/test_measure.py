@@ -123,8 +123,8 @@ def test_cupti_error_text_keeps_status():
 
 def test_stage_fixture_against_the_model():
     """ncu on the CuPy stages, llama3-8b L=16K B=1 S=16 budget 1024 per-head (H200, 2026)."""
-    from questprof import model
-    from questprof.config import Config, load_scenario
+    from questprof.core import model
+    from questprof.core.config import Config, load_scenario
 
     groups = ncu.split_by_marker(
         ncu.parse_csv((FIXTURES / "ncu_stages_h200.csv").read_text()), "ceilings_read")

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from questprof import model
-from questprof.config import Config, ModelShape
+from questprof.core import model
+from questprof.core.config import Config, ModelShape
 
 MIB = 1024**2
 ONE_HEAD = ModelShape("one-head", layers=1, q_heads=1, kv_heads=1, head_dim=128, dtype="fp16",

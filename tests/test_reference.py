@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from questprof import layout, reference as ref
+from questprof.core import layout, reference as ref
 
 
 def _one_request(keys_per_page, page_size):

@@ -7,8 +7,8 @@ import pandas as pd
 import plotly.offline
 import pytest
 
-from questprof import model
-from questprof.config import Config, ModelShape
+from questprof.core import model
+from questprof.core.config import Config, ModelShape
 from questprof.report import CPU_BANNER, frames, write_report
 
 SHAPE = ModelShape("gqa-8b", layers=32, q_heads=32, kv_heads=8, head_dim=128, dtype="fp16")

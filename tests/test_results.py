@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from questprof import results
-from questprof.config import ConfigError
+from questprof.core.config import ConfigError
 from questprof.results import ResultsWriter
 
 
@@ -55,7 +55,7 @@ def test_done_keys_and_appending_a_resumed_run(tmp_path):
         writer.append(row("summary", status="skipped"))
     with ResultsWriter(tmp_path) as writer:
         writer.append(row("dense"))
-    assert results.done_keys(tmp_path) == {("L=4096", "summary"), ("L=4096", "dense")}
+    assert results.done_keys(tmp_path) == {("L=4096", "summary", "ours"), ("L=4096", "dense", "ours")}
     assert len(results.load(tmp_path)[0]) == 2
 
 
@@ -103,8 +103,20 @@ def test_summary_table():
                         row("dense", length=512, median=2.0), row("quest", length=512, median=2.0),
                         row("dense", length=8192, status="skipped", reason="needs 9 GiB"),
                         row("quest", length=8192, status="skipped", reason="needs 9 GiB")])
-    table = results.summary_table(df).set_index("length")
+    from questprof.report.frames import summary_table
+
+    table = summary_table(df).set_index("length")
     assert table.loc[4096, "speedup"] == pytest.approx(4.0)
+    assert table.loc[4096, "dense_impl"] == "ours"
     assert table.loc[512, "note"].startswith("quest = dense")
-    assert table.loc[8192, "note"] == "skipped: needs 9 GiB"
-    assert pd.isna(table.loc[8192, "speedup"])
+    assert 8192 not in table.index  # skipped configurations have their own table
+
+
+def test_summary_table_takes_the_fastest_dense():
+    from questprof.report.frames import summary_table
+
+    sdpa = {**row("dense", median=3.0), "impl": "torch-sdpa"}
+    df = results.frame([row("dense", median=4.0), sdpa, row("quest", median=1.0)])
+    table = summary_table(df).set_index("length")
+    assert table.loc[4096, "speedup"] == pytest.approx(3.0)
+    assert table.loc[4096, "dense_impl"] == "torch-sdpa"

@@ -20,6 +20,7 @@ LADDER = tuple((16 << 20) << k for k in range(10))  # plain-read sizes: 16 MiB .
 # allocated and freed, the same 537 MB read took 118.3-137.0 us on different allocations (67 MB:
 # 16.9-19.2 us), while a fresh process gave 118.3-119.1 us every time.
 LADDER_TRIES = 3
+FLUSH_BYTES = 256 << 20  # the flush protocol's L2-evicting read
 THREADS = 256
 BLOCKS_PER_SM = 8  # one full wave of 256-thread blocks (2048 threads per SM on Hopper)
 
@@ -53,9 +54,9 @@ def unavailable(reason: str, gpu_name: str = "") -> dict:
 
 def _kernel(name: str):
     """A kernel of kernels/ceilings.cu through the CuPy backend's cached loader."""
-    from questprof.backends.cupy import _kernel as load
+    from questprof.backends.cupy import load_kernel
 
-    return load("ceilings", name)
+    return load_kernel("ceilings", name)
 
 
 @functools.cache
@@ -99,9 +100,10 @@ def same_bytes_read_ms(backend, nbytes: int, l2_bytes: int, repeats: int = 20) -
     import cupy
 
     from questprof.measure.timing import time_layers
+    from questprof.core.model import cold_read_layers
 
     n = -(-nbytes // 16) * 16
-    layers = _ladder_layers(n, l2_bytes)
+    layers = cold_read_layers(n, l2_bytes)
     stride = -(-n // 4096) * 4096  # 4 KiB-aligned buffers, like the pools' pages
     pool = random_buffer(layers * stride)
     sink = cupy.zeros(1, dtype=cupy.float32)
@@ -113,11 +115,6 @@ def same_bytes_read_ms(backend, nbytes: int, l2_bytes: int, repeats: int = 20) -
     return timing.median
 
 
-def _ladder_layers(nbytes: int, l2_bytes: int) -> int:
-    from questprof.measure.timing import COLD_FACTOR
-    return max(2, -(-COLD_FACTOR * l2_bytes // nbytes))
-
-
 def read_ladder(backend, l2_bytes: int, sizes=LADDER, repeats: int = 20,
                 tries: int = LADDER_TRIES) -> list[tuple[int, float]]:
     """[(bytes, ms)]: a plain cold read (same_bytes_read_ms) at each size whose buffers fit in
@@ -125,10 +122,12 @@ def read_ladder(backend, l2_bytes: int, sizes=LADDER, repeats: int = 20,
     function of size. Take it before large pools come and go (see LADDER_TRIES)."""
     import cupy
 
+    from questprof.core.model import cold_read_layers
+
     free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
     out = []
     for n in sorted(sizes):
-        if _ladder_layers(n, l2_bytes) * n > free // 2:
+        if cold_read_layers(n, l2_bytes) * n > free // 2:
             break
         out.append((n, min(same_bytes_read_ms(backend, n, l2_bytes, repeats)
                            for _ in range(tries))))
@@ -147,19 +146,12 @@ def ladder_ms(ladder: list[tuple[int, float]], nbytes: int) -> float | None:
     return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
 
 
-def median_ms(launch, repeats: int = 20, warmup: int = 3) -> float:
-    """Median time of `launch()` in ms, CUDA events around each call on the current stream."""
-    import cupy
+def median_ms(launch, repeats: int = 20, warmup: int = 3, uses_torch: bool = False) -> float:
+    """Median time of single calls of `launch()` in ms (measure.timing's one loop, events)."""
+    from questprof.backends import get_backend
+    from questprof.measure.timing import time_call
 
-    for _ in range(warmup):
-        launch()
-    events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)]
-    for start, end in events:
-        start.record()
-        launch()
-        end.record()
-    events[-1][1].synchronize()
-    return float(np.median([cupy.cuda.get_elapsed_time(s, e) for s, e in events]))
+    return time_call(get_backend("cupy"), launch, warmup, repeats, uses_torch=uses_torch).median
 
 
 def _matmul_tflops(n: int, repeats: int) -> tuple[float, str]:
@@ -170,16 +162,7 @@ def _matmul_tflops(n: int, repeats: int) -> tuple[float, str]:
         torch = None
     if torch is not None and torch.cuda.is_available():
         a, b = (torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for i in range(repeats + 3):
-            start.record()
-            a @ b
-            end.record()
-            end.synchronize()
-            if i >= 3:
-                times.append(start.elapsed_time(end))
-        return 2 * n**3 / (np.median(times) * 1e-3) / 1e12, "torch"
+        return 2 * n**3 / (median_ms(lambda: a @ b, repeats, uses_torch=True) * 1e-3) / 1e12, "torch"
     import cupy
 
     a, b = (cupy.random.default_rng(i).standard_normal((n, n), dtype=cupy.float32)
@@ -222,3 +205,15 @@ if __name__ == "__main__":
     from questprof.backends import get_backend
 
     print(json.dumps(measure_ceilings(get_backend("auto")), indent=1))
+
+
+class Flush:
+    """A plain read of FLUSH_BYTES after each stage call evicts L2 (4x an H200's 60 MiB)."""
+
+    def __init__(self, nbytes: int = FLUSH_BYTES):
+        import cupy
+
+        self.buf, self.sink = random_buffer(nbytes), cupy.zeros(1, dtype=cupy.float32)
+
+    def __call__(self) -> None:
+        launch_read(self.buf, self.sink)

@@ -105,20 +105,22 @@ def available() -> tuple[bool, str | None]:
         return False, f"ncu: {type(exc).__name__}: {exc}"
 
 
-def command(job: dict, kernel_regex: str = ".") -> list[str]:
-    """The ncu command line that profiles `job` (see `child`) in a child Python."""
+def command(job: dict, kernel_regex: str = ".", entry: str = "questprof.measure.ncu") -> list[str]:
+    """The ncu command line that profiles `job` in a child Python running module `entry`
+    (this module's `child` for a plain read; the caller names its own for other jobs)."""
     ncu = ncu_path()
     if ncu is None:
         raise NcuError(available()[1])
     return [ncu, "--clock-control", "none", "--cache-control", "all", "--csv",
             "--print-units", "base", "--profile-from-start", "off",
             "--metrics", ",".join(METRICS), "--kernel-name", f"regex:{kernel_regex}",
-            sys.executable, "-m", "questprof.measure.ncu", json.dumps(job)]
+            sys.executable, "-m", entry, json.dumps(job)]
 
 
-def profile(job: dict, kernel_regex: str = ".", timeout_s: float = 300) -> list[KernelMetrics]:
+def profile(job: dict, kernel_regex: str = ".", timeout_s: float = 300,
+            entry: str = "questprof.measure.ncu") -> list[KernelMetrics]:
     """Run `job` under ncu and return its profiled kernels (NcuError with ncu's text if none)."""
-    proc = subprocess.run(command(job, kernel_regex), capture_output=True, text=True,
+    proc = subprocess.run(command(job, kernel_regex, entry), capture_output=True, text=True,
                           timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     kernels = parse_csv(proc.stdout)
     if proc.returncode != 0 or not kernels:
@@ -147,12 +149,7 @@ def profiler(on: bool) -> None:
 
 
 def child(job: dict) -> None:
-    """Run one job inside ncu: {'kind': 'read', 'bytes': n} or {'kind': 'stages', ...}."""
-    if job.get("kind") == "stages":
-        from questprof import bytecheck
-
-        bytecheck.ncu_stages(job)
-        return
+    """Run one plain read inside ncu: {'kind': 'read', 'bytes': n}."""
     import cupy
 
     from questprof.measure import ceilings

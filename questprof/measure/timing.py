@@ -1,7 +1,11 @@
-"""Timing of one stage over a cold-cache pass of all simulated layers.
+"""The one timing loop of questprof: a pass of run_layer(0..layers-1), warmed up, repeated.
 
-GPU backends are timed with CUDA events around a whole pass (each layer has its own KV pool, so
-the working set is many times the 60 MiB L2 of an H200); the NumPy backend with perf_counter.
+GPU backends are timed with CUDA events around a whole pass on one stream (each layer has its
+own KV pool, so the working set is many times the L2), optionally as a CUDA-graph replay of the
+pass, the way serving engines run decode; the NumPy backend with perf_counter. Work launched
+through torch (peers, the end-to-end decoder) joins the same stream and, for graphs, is captured
+with torch's own graph API so its allocator stays consistent. A single call (ceilings) is a pass
+of one layer.
 """
 
 from __future__ import annotations
@@ -12,22 +16,17 @@ from typing import Callable
 
 import numpy as np
 
-from questprof import model
-
-# A pass of the smallest timed stage (estimate or sparse attention) reads >= 8x L2: every call
-# starts cold, and the graph launch of a pass is spread over enough kernels. With one layer
-# (a pool >= 4x L2 was the sweep's old rule) longchat-7b 32K on an H200 timed Quest at 57.8 us
-# per layer in the sweep against 37.9 us in the bench, which used this rule.
-COLD_FACTOR = 8
+CLOCK_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "throttled")
 
 
 @dataclass(frozen=True)
 class Timing:
-    """Per-layer times (ms) of each timed pass, and how they were taken."""
+    """Per-layer times (ms) of each timed pass, how they were taken, and the clocks they ran at."""
 
     samples_ms: tuple[float, ...]
     method: str  # "cuda-events", "cuda-graph" or "perf-counter"
-    clocks: dict | None = None  # NVML right after the timed passes (see `clock_fields`)
+    clocks: dict | None = None  # NVML right after the timed passes
+    note: str | None = None  # why a graph was asked for and not used
 
     def pct(self, q: float) -> float:
         return float(np.percentile(self.samples_ms, q))
@@ -36,15 +35,12 @@ class Timing:
     def median(self) -> float:
         return self.pct(50)
 
-    def summary(self) -> dict[str, float]:
-        """median, p20, p80, p95 in ms per layer."""
-        return {"median_ms": self.median, "p20_ms": self.pct(20), "p80_ms": self.pct(80),
-                "p95_ms": self.pct(95)}
-
-    def clock_fields(self) -> dict:
-        """sm_clock_mhz, mem_clock_mhz, throttled for a results row (None where NVML is not)."""
+    def summary(self) -> dict:
+        """median, p20, p80, p95 in ms per layer, the method, and the clock fields."""
         clocks = self.clocks or {}
-        return {k: clocks.get(k) for k in ("sm_clock_mhz", "mem_clock_mhz", "throttled")}
+        return {"median_ms": self.median, "p20_ms": self.pct(20), "p80_ms": self.pct(80),
+                "p95_ms": self.pct(95), "method": self.method,
+                **{k: clocks.get(k) for k in CLOCK_FIELDS}}
 
 
 def _clocks() -> dict | None:
@@ -57,15 +53,6 @@ def _clocks() -> dict | None:
         return nvml.snapshot()
     except Exception:  # a clock read must never fail a timing
         return None
-
-
-def cold_layers(cfg, l2_bytes: int, pool_budget: float) -> int:
-    """Simulated layers of a cold pass for cfg: >= COLD_FACTOR x L2 read by its smallest timed
-    stage, at least 2, and no more pools than pool_budget bytes hold (then at least 1)."""
-    work = model.stage_work(cfg)
-    smallest = max(1.0, min(work["estimate"].read, work["attention"].read))
-    want = max(2, -(-COLD_FACTOR * l2_bytes // int(smallest)))
-    return int(max(1, min(want, pool_budget // model.kv_pool_bytes(cfg))))
 
 
 def _pass(run_layer: Callable[[int], object], layers: int) -> None:
@@ -84,38 +71,92 @@ def _time_cpu(run_layer, layers: int, warmup: int, repeats: int) -> Timing:
     return Timing(tuple(samples), "perf-counter")
 
 
-def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool) -> Timing:
+def _capture(launch, stream, uses_torch: bool):
+    """A replay function of `launch` captured as a CUDA graph on `stream`."""
+    if uses_torch:
+        import torch
+
+        graph = torch.cuda.CUDAGraph()
+        # relaxed: CuPy's pool may still cudaMalloc during capture (not recorded into the graph)
+        with torch.cuda.graph(graph, stream=torch.cuda.ExternalStream(stream.ptr),
+                              capture_error_mode="relaxed"):
+            launch()
+        return graph.replay
+    stream.begin_capture()
+    try:
+        launch()
+    finally:
+        captured = stream.end_capture()
+    return lambda: captured.launch(stream)
+
+
+class _Streams:
+    """The CuPy stream a timing runs on, with torch's current stream set to the same one."""
+
+    def __init__(self, stream, uses_torch: bool):
+        self.stream, self.torch_ctx = stream, None
+        if uses_torch:
+            import torch
+
+            self.torch_ctx = torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr))
+
+    def __enter__(self):
+        self.stream.__enter__()
+        if self.torch_ctx is not None:
+            self.torch_ctx.__enter__()
+        return self.stream
+
+    def __exit__(self, *exc):
+        if self.torch_ctx is not None:
+            self.torch_ctx.__exit__(*exc)
+        self.stream.__exit__(*exc)
+
+
+def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
+              uses_torch: bool) -> Timing:
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        launch = lambda: _pass(run_layer, layers)  # noqa: E731
+    launch, note = (lambda: _pass(run_layer, layers)), None
+    with _Streams(stream, uses_torch):
+        launch()  # compiles kernels and fills the memory pools before any capture
+        stream.synchronize()
+        run = launch
         if graph:
-            stream.begin_capture()
-            _pass(run_layer, layers)
-            captured = stream.end_capture()
-            launch = lambda: captured.launch(stream)  # noqa: E731
+            try:
+                run = _capture(launch, stream, uses_torch)
+            except Exception as exc:  # capture unsupported here: time launches, and say why
+                stream.synchronize()
+                note = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); eager launches"
         for _ in range(warmup):
-            launch()
+            run()
         events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)]
         for start, end in events:
             start.record(stream)
-            launch()
+            run()
             end.record(stream)
         stream.synchronize()
     clocks = _clocks()  # right after the passes: the clocks the load ran at (throttling shows)
     samples = [cupy.cuda.get_elapsed_time(s, e) / layers for s, e in events]
-    return Timing(tuple(samples), "cuda-graph" if graph else "cuda-events", clocks)
+    method = "cuda-graph" if graph and note is None else "cuda-events"
+    return Timing(tuple(samples), method, clocks, note)
 
 
 def time_layers(backend, run_layer: Callable[[int], object], layers: int, warmup: int = 3,
-                repeats: int = 20, graph: bool = False) -> Timing:
+                repeats: int = 20, graph: bool = False, uses_torch: bool = False) -> Timing:
     """Time `run_layer(l)` for l in 0..layers-1 as one pass; ms per layer for each repeat.
 
-    On a GPU backend run_layer must only launch work (no synchronisation, no host copies).
+    On a GPU backend run_layer must only launch work (no synchronisation, no host copies);
+    uses_torch=True when it launches torch work, which then runs on the timed stream too.
     """
-    if layers < 1 or repeats < 1:
-        raise ValueError("layers and repeats must be at least 1")
-    if backend.is_gpu:
-        return _time_gpu(run_layer, layers, warmup, repeats, graph)
+    if layers < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("layers and repeats must be at least 1, warmup at least 0")
+    if getattr(backend, "is_gpu", False):
+        return _time_gpu(run_layer, layers, warmup, repeats, graph, uses_torch)
     return _time_cpu(run_layer, layers, warmup, repeats)
+
+
+def time_call(backend, fn: Callable[[], object], warmup: int = 3, repeats: int = 20,
+              graph: bool = False, uses_torch: bool = False) -> Timing:
+    """Time single calls of `fn` (a ceiling kernel, a whole decode step): a pass of one layer."""
+    return time_layers(backend, lambda _: fn(), 1, warmup, repeats, graph, uses_torch)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from questprof import model
+from questprof.core import model
 from questprof.report.figures import PALETTE, finish, length_axis
 from questprof.report.frames import CURVE, POINT, DEFAULT_MODE, fmt_tokens
 

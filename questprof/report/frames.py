@@ -11,11 +11,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from questprof import model
+from questprof.core import model
 
 PANEL = ["batch", "mode"]
 CURVE = PANEL + ["page_size", "budget"]
 POINT = CURVE + ["length"]
+OURS = "ours"  # impl of our kernels (results.OURS; rows written before impl existed)
 DEFAULT_MODE = "per-head"  # rows written before modes existed, and MHA rows, carry none
 
 
@@ -48,9 +49,10 @@ def measured(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty or "status" not in df:
         return df.iloc[0:0]
     ok = df[(df["status"] == "ok") & (df["stage"] != "e2e")].copy()
-    if "mode" not in ok:
-        ok["mode"] = DEFAULT_MODE
-    ok["mode"] = ok["mode"].fillna(DEFAULT_MODE)
+    for col, default in (("mode", DEFAULT_MODE), ("impl", OURS)):
+        if col not in ok:
+            ok[col] = default
+        ok[col] = ok[col].fillna(default)
     return ok
 
 
@@ -61,11 +63,16 @@ def _stage_ms(ok: pd.DataFrame) -> pd.DataFrame:
     return ok.pivot_table(index=POINT, columns="stage", values="median_ms", aggfunc="median")
 
 
-def _dense_ms(ok: pd.DataFrame) -> tuple[pd.Series, list[str]]:
-    """Dense median ms, keyed by the point columns the dense rows actually carry."""
+def _dense_ms(ok: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Fastest dense median ms of each point (ours or a peer such as torch SDPA, measured in the
+    same run), the implementation that gave it and our own dense, keyed by the point columns
+    the dense rows actually carry."""
     dense = ok[ok["stage"] == "dense"]
     keys = [k for k in POINT if dense[k].notna().all()]
-    return dense.groupby(keys)["median_ms"].median().rename("dense_ms"), keys
+    by_impl = dense.groupby(keys + ["impl"])["median_ms"].median().unstack("impl")
+    out = pd.DataFrame({"dense_ms": by_impl.min(axis=1), "dense_impl": by_impl.idxmin(axis=1)})
+    out["dense_ours_ms"] = by_impl[OURS] if OURS in by_impl else np.nan
+    return out, keys
 
 
 def _ideal_rho(points: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
@@ -82,10 +89,11 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     """One row per point: estimate/topk/attention/quest/dense ms, speedup, rho_formula, ideal.
 
     quest_ms is the 'quest' row (the three stages timed as one pass) when present, else the sum
-    of the three stage medians; speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
+    of the three stage medians; dense_ms is the fastest dense of the run (dense_impl names it:
+    ours or torch SDPA); speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
     """
     ok = measured(df)
-    points = _stage_ms(ok[ok["stage"] != "dense"])
+    points = _stage_ms(ok[(ok["stage"] != "dense") & (ok["impl"] == OURS)])
     for stage in (*model.QUEST_STAGES, "quest"):
         if stage not in points:
             points[stage] = np.nan
@@ -93,10 +101,11 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     points["quest_ms"] = points["quest"].fillna(stage_sum)
     points = points.rename(columns={s: f"{s}_ms" for s in model.QUEST_STAGES})
     out = points.drop(columns="quest").reset_index()
-    out["dense_ms"] = np.nan
+    out["dense_ms"], out["dense_impl"], out["dense_ours_ms"] = np.nan, None, np.nan
     if (ok["stage"] == "dense").any() and not out.empty:
         dense, keys = _dense_ms(ok)
-        out = out.drop(columns="dense_ms").merge(dense.reset_index(), on=keys, how="left")
+        out = out.drop(columns=["dense_ms", "dense_impl", "dense_ours_ms"]).merge(
+            dense.reset_index(), on=keys, how="left")
     out = out[out["quest_ms"].notna() | out["dense_ms"].notna()]
     out["speedup"] = out["dense_ms"] / out["quest_ms"]
     out["rho_formula"] = _ideal_rho(out.set_index(POINT), ok).to_numpy() if len(out) else []
@@ -197,3 +206,16 @@ def skipped(df: pd.DataFrame) -> pd.DataFrame:
            for reason, g in rows.groupby("reason", sort=True)]
     return pd.DataFrame(out, columns=["reason", "rows", "stages", "lengths", "page sizes",
                                       "budgets", "batches"])
+
+
+def summary_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One line per configuration: fastest dense and quest ms, speedup (dense / quest), which
+    dense that was, rho, a note (report.frames.paired does the pairing)."""
+    pairs = paired(df)
+    if pairs.empty:
+        return pd.DataFrame()
+    keys = [k for k in ("length", "batch", "page_size", "budget", "mode") if k in pairs]
+    out = pairs[keys + ["dense_ms", "quest_ms", "speedup", "dense_impl", "rho_formula"]].copy()
+    out["note"] = ["quest = dense (budget >= length)" if b >= n else ""
+                   for b, n in zip(out["budget"], out["length"])]
+    return out

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from questprof import model
+from questprof.core import model
 from questprof.report.figures import STAGE_COLOURS, finish
 from questprof.report.frames import fmt_tokens, measured
 

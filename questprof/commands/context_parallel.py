@@ -13,8 +13,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from questprof import context_parallel as cp
-from questprof import layout, model
+from questprof.core import layout, model
+from questprof.core import sharding as cp
+from questprof.results import append_rows
 
 
 def _to_torch(array, torch):
@@ -260,11 +261,33 @@ def summarize(results, world: int) -> list[tuple[str, float]]:
     return rows
 
 
+def run_context_parallel(scenario, configs, out_dir, gpus: int, steps: int = 10) -> list[dict]:
+    """Per configuration: phase times of an exact context-parallel step on `gpus` GPUs (NCCL),
+    the single-GPU step beside it, the miss rate of the no-collective variant and the formula
+    bytes of the busiest GPU against one GPU."""
+    from questprof.commands import context_parallel as distributed
+
+    rows = []
+    for cfg in configs:
+        m = cfg.model
+        shape = dict(length=cfg.length, batch=cfg.batch, page_size=cfg.page_size,
+                     kv_heads=m.kv_heads, q_heads=m.q_heads, head_dim=m.head_dim, dtype=m.dtype)
+        results = launch(gpus, shape, cfg.k_pages, cfg.mode, cfg.seed, "nccl", steps)
+        host = host_figures(shape, cfg.seed, gpus, cfg.k_pages, cfg.mode,
+                                        results[0][3])
+        for phase, ms in summarize(results, gpus):
+            rows.append({"scenario": scenario.name, **cfg.as_dict(), "stage": "context-parallel",
+                         "phase": phase, "gpus": gpus, "median_ms": ms, "backend": "cupy+nccl",
+                         **host, "status": "ok", "reason": None})
+    append_rows(out_dir, rows, context_parallel={"gpus": gpus})
+    return rows
+
+
 def main(argv=None) -> None:
     """python3 -m questprof.distributed --world 2 --lengths 32k,128k ... (NCCL on GPUs)."""
     import argparse
 
-    from questprof.config import load_scenario, parse_sizes
+    from questprof.core.config import load_scenario, parse_sizes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)

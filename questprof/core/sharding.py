@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from questprof.layout import PagedKV
+from questprof.core.layout import PagedKV
 
 
 def _xp(array):

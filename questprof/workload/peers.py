@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from questprof.reference import MODES
+from questprof.core.stages import check_mode
 
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
@@ -85,8 +85,7 @@ def _scores(q, summary, mode: str):
 def naive_quest(layers: list[TorchLayer], q, k_pages: int, mode: str = "per-head"):
     """run(layer) -> out [B, Hq, 1, d]: estimate, torch.topk, gather the pages, SDPA."""
     torch = _torch()
-    if mode not in MODES:
-        raise ValueError(f"unknown selection mode {mode!r}: expected one of {MODES}")
+    check_mode(mode)
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run(layer: int):
@@ -105,3 +104,48 @@ def naive_quest(layers: list[TorchLayer], q, k_pages: int, mode: str = "per-head
         return sdpa(q, keys, values, enable_gqa=keys.shape[1] != q.shape[1])
 
     return run
+
+
+def _gather_plan(cfg, sel, indptr, last_len, indices, repeat: int):
+    """(page ids [B, Hs, K], mask [B, Hq, 1, K * S]) of one layer's selection sel [Hs, B, K]."""
+    torch = _torch()
+    pos = sel.clamp(min=0) + indptr[:-1].view(1, -1, 1)
+    tail = (indptr[1:] - 1).view(1, -1, 1)
+    slot = torch.arange(cfg.page_size, device=sel.device)
+    last = last_len.long().view(1, -1, 1, 1)
+    valid = (sel >= 0).unsqueeze(-1) & ((pos != tail).unsqueeze(-1) | (slot < last))
+    mask = valid.permute(1, 0, 2, 3).reshape(cfg.batch, sel.shape[0], 1, -1)
+    return indices[pos].permute(1, 0, 2), mask.repeat_interleave(repeat, dim=1)
+
+
+def gathered_attention(cfg, kvs, q, selections):
+    """run(layer): our selection's pages gathered from the paged pools into a dense copy, then
+    SDPA. The same pages as our sparse kernel, so the difference is the gather copy alone."""
+    torch = _torch()
+    m = cfg.model
+    t = torch.from_dlpack
+    view = (lambda x: x.view(torch.bfloat16)) if m.dtype == "bf16" else (lambda x: x)
+    hs, g = selections[0][0].shape[0], m.group
+    gqa = hs != m.q_heads  # shared modes: one gathered copy per KV head
+    kv_head = (torch.arange(hs, device=t(q).device) // (g if hs == m.q_heads else 1)).view(1, hs, 1)
+    qt = view(t(q)).unsqueeze(2)  # [B, Hq, 1, d]
+    plans = [_gather_plan(cfg, t(sel).long(), t(kv.kv_indptr).long(), t(kv.last_page_len),
+                          t(kv.kv_indices).long(), g if gqa else 1)
+             for (sel, _), kv in zip(selections, kvs)]  # outside the timed calls
+
+    def run(layer: int):
+        ids, mask = plans[layer]
+        k = view(t(kvs[layer].k))[ids, kv_head]  # the gather copy: [B, Hs, K, S, d]
+        v = view(t(kvs[layer].v))[ids, kv_head]
+        flat = lambda x: x.reshape(cfg.batch, hs, -1, m.head_dim)  # noqa: E731
+        return torch.nn.functional.scaled_dot_product_attention(
+            qt, flat(k), flat(v), attn_mask=mask, enable_gqa=gqa)
+    return run
+
+
+def gathered_bytes(cfg, sel) -> float:
+    """Bytes of the K and V pages gathered_attention copies per layer (sel [Hs, B, K] host)."""
+    from questprof.core.model import vector_bytes
+
+    hs, batch, k = sel.shape
+    return 2.0 * hs * batch * k * cfg.page_size * vector_bytes(cfg.model)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-MODES = ("per-head", "shared-max", "shared-mean")
+from questprof.core.stages import MODES, check_mode
 
 
 def summary(summ: np.ndarray, k: np.ndarray, plan) -> np.ndarray:
@@ -34,8 +34,7 @@ def _group(q_heads: int, kv_heads: int) -> int:
 
 def estimate(q, summ, kv_indptr, kv_indices, mode: str = "per-head") -> np.ndarray:
     """Upper bounds U_p(q) = sum_j max(q_j m_pj, q_j M_pj): [Hs, nnz]."""
-    if mode not in MODES:
-        raise ValueError(f"unknown selection mode {mode!r}: expected one of {MODES}")
+    check_mode(mode)
     batch, q_heads, _ = q.shape
     kv_heads = summ.shape[1]
     g = _group(q_heads, kv_heads)

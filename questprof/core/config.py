@@ -13,8 +13,9 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from questprof import SCENARIOS_DIR, model
-from questprof.reference import MODES
+from questprof import SCENARIOS_DIR
+from questprof.core import model
+from questprof.core.stages import MODES
 
 try:
     import tomllib
@@ -24,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: tomli has the same API
 PAGE_SIZES = (8, 16, 32, 64)  # the page sizes the kernels are built for
 HEAD_DIMS = (64, 128)
 DTYPES = ("fp16", "bf16", "fp32")
+NOT_SCENARIOS = {"bench"}  # scenarios/bench.toml holds bench cases and goals, not a sweep
 MAX_VALUES = 10_000  # a range longer than this is a typo (say "1..1m+1"), not a sweep
 
 _NUMBER = re.compile(r"^(\d+)([km]?)$", re.IGNORECASE)
@@ -316,7 +318,7 @@ def _parse_scenario(data: dict, path: Path) -> Scenario:
 
 def list_scenarios() -> list[str]:
     """Names of the scenarios shipped in SCENARIOS_DIR."""
-    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml"))
+    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml") if p.stem not in NOT_SCENARIOS)
 
 
 def _scenario_path(name_or_path) -> Path:
@@ -380,3 +382,14 @@ def expand(scenario: Scenario, lengths=None, batches=None, page_sizes=None, budg
         modes = ("per-head",)
     points = itertools.product(batches, sizes, budgets, modes, lengths)
     return [Config(scenario.model, n, b, s, k, m, grid.seed) for b, s, k, m, n in points]
+
+
+def config_from_dict(data: dict):
+    """A Config rebuilt from Config.as_dict() (for the ncu child process)."""
+    import dataclasses
+
+    shape = {f.name: data["model" if f.name == "name" else f.name]
+             for f in dataclasses.fields(ModelShape) if (f.name == "name" or f.name in data)}
+    point = {f.name: data[f.name] for f in dataclasses.fields(Config)
+             if f.name != "model" and f.name in data}
+    return Config(ModelShape(**shape), **point)

@@ -1,0 +1,1 @@
+"""One module per questprof command; cli.py is a thin Typer shell over them."""

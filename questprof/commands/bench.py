@@ -1,0 +1,208 @@
+"""`questprof bench`: every kernel on the cold-cache protocol against ceilings and peers measured
+in the same run. Cases and goals come from scenarios/bench.toml.
+
+Per case: our stages and the Quest pipeline over the case's Workload (workload.pools), torch SDPA
+dense and a naive torch Quest beside them, each row with its bytes, bandwidth, ratio to the read
+ceiling, and (streaming stages) the time of a plain cold read of its own bytes (`same_read_ms`,
+measure.ceilings.read_ladder, taken first): the ceiling at the stage's size. Speedups are against
+the fastest dense of the case (`dense_impl` names it).
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+
+from questprof import SCENARIOS_DIR
+from questprof.core import model
+from questprof.core.config import Config, ConfigError, ModelShape
+from questprof.results import OURS, make_row
+
+BENCH_FILE = SCENARIOS_DIR / "bench.toml"
+POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
+STAGES = ("summary", "estimate", "topk", "attention", "dense", "quest")
+PEERS = (("dense", "torch-sdpa"), ("quest", "torch-naive"))
+SAME_BYTES_STAGES = ("estimate", "attention", "dense")  # stages that stream their bytes once
+
+
+def load_bench(path=BENCH_FILE, quick: bool = False) -> tuple[list[Config], list[dict]]:
+    """(cases, goals) of a bench file; quick keeps the cases marked quick."""
+    data = tomllib.loads(open(path, encoding="utf-8").read())
+    models = {name: ModelShape(name=name, **m) for name, m in data.get("models", {}).items()}
+    cases = []
+    for case in data.get("case", []):
+        if quick and not case.get("quick"):
+            continue
+        if case["model"] not in models:
+            raise ConfigError(f"{path}: case names unknown model {case['model']!r}")
+        for mode in case.get("modes", ["per-head"]):
+            cases.append(Config(models[case["model"]], case["length"], case["batch"],
+                                case["page_size"], case["budget"], mode))
+    return cases, list(data.get("goal", []))
+
+
+def _layers(cfg, backend) -> int:
+    """Layers of a cold pass within POOL_FRACTION of free memory (peers need as much again)."""
+    from questprof.workload.pools import free_bytes, l2_bytes
+
+    return model.cold_layers(cfg, l2_bytes(), POOL_FRACTION * (free_bytes(backend) or 0))
+
+
+def _row(cfg, stage, impl, timing, work, ceiling, layers, backend) -> dict:
+    row = make_row(cfg, stage, scenario="bench", backend=backend.name, impl=impl,
+                   timing=timing.summary(), work=work, layers=layers, note=timing.note)
+    gbs = row["bandwidth_gbs"]
+    return {**row, "ceiling_gbs": ceiling, "ratio": gbs / ceiling if gbs and ceiling else None}
+
+
+def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, graph: bool = True,
+             with_peers: bool = True, read_ms=None) -> list[dict]:
+    """All rows of one case: ours per stage and the pipeline, then the peers."""
+    from questprof.measure.timing import time_layers
+    from questprof.workload.pools import Workload, release
+
+    layers = _layers(cfg, backend)
+    work = Workload(cfg, backend, layers)
+    time = lambda launch, torch=False: time_layers(  # noqa: E731
+        backend, launch, layers, 3, repeats, graph, uses_torch=torch)
+    rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
+            for s in STAGES]
+    if with_peers:
+        rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
+                      layers, backend) for s, impl in PEERS]
+    del work
+    release(backend)
+    if read_ms is not None:
+        for r in rows:
+            if r["impl"] == OURS and r["stage"] in SAME_BYTES_STAGES:
+                ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))
+                if ms is not None:
+                    r["same_read_ms"], r["same_ratio"] = ms, ms / r["median_ms"]
+    add_speedups(rows)
+    return rows
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`."""
+    dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
+    if not dense:
+        return
+    best = min(dense, key=lambda r: r["median_ms"])
+    for r in rows:
+        if r["stage"] == "quest" and r.get("median_ms"):
+            r["speedup"], r["dense_impl"] = best["median_ms"] / r["median_ms"], best["impl"]
+
+
+def _matches(row: dict, case: dict) -> bool:
+    return all(row.get(k) == v for k, v in case.items())
+
+
+def _metric(rows: list[dict], goal: dict) -> float | None:
+    at = [r for r in rows if _matches(r, goal["case"])]
+    get = lambda stage, impl=OURS: next((r for r in at if r["stage"] == stage  # noqa: E731
+                                         and r["impl"] == impl and r.get("median_ms")), None)
+    metric = goal["metric"]
+    if metric == "speedup":
+        quest = get("quest")
+        return quest.get("speedup") if quest else None
+    if metric == "dense_sdpa":
+        ours, sdpa = get("dense"), get("dense", "torch-sdpa")
+        return ours["median_ms"] / sdpa["median_ms"] if ours and sdpa else None
+    row = get(goal["stage"])
+    if row is None:
+        return None
+    return row.get("ratio") if metric == "ratio" else row["median_ms"] * 1e3
+
+
+def goals(rows: list[dict], goal_list: list[dict]) -> list[tuple[str, float | None, str, bool | None]]:
+    """(goal, measured, target, met) of every goal of the bench file."""
+    out = []
+    for goal in goal_list:
+        case = goal["case"]
+        name = (f"{goal['metric']} {goal.get('stage', '')} {case.get('model')} "
+                f"{case.get('length', 0) // 1024}K B{case.get('batch')}").replace("  ", " ")
+        value = _metric(rows, goal)
+        out.append((name, value, goal["target"], None if value is None else
+                    _met(value, goal["target"])))
+    return out
+
+
+def _met(value: float, target: str) -> bool:
+    op, bound = target.split()
+    return {">=": value >= float(bound), "<=": value <= float(bound), "<": value < float(bound),
+            ">": value > float(bound)}[op]
+
+
+def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
+              with_peers: bool = True, log=print) -> tuple[list[dict], dict]:
+    """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch."""
+    from questprof.backends import get_backend
+    from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
+    from questprof.workload.pools import l2_bytes
+
+    backend = get_backend("cupy")
+    ceilings = measure_ceilings(backend)
+    ladder = read_ladder(backend, l2_bytes(), repeats=repeats)  # before any pool comes and goes
+    ceilings["read_ladder"] = ladder
+    log("plain cold reads: " + ", ".join(f"{n >> 20} MiB {ms * 1e3:.1f} us" for n, ms in ladder))
+    read_ms = functools.partial(ladder_ms, ladder)
+    log(f"ceilings: read {ceilings['read_gbs']:.0f} GB/s, copy {ceilings['copy_gbs']:.0f} GB/s, "
+        f"fp16 {ceilings['fp16_tflops']:.0f} TFLOP/s ({ceilings.get('gpu')})")
+    rows = []
+    for cfg in cases:
+        log(f"case {cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
+            f"budget={cfg.budget} {cfg.mode}")
+        rows += run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers, read_ms)
+    return rows, ceilings
+
+
+def _meta(command: str, ceilings: dict, goal_list: list[dict]) -> dict:
+    from questprof.core.machine import git_commit, machine_info
+    from questprof.results import now
+
+    return {"scenario": "bench", "command": command, "started": now(), "finished": None,
+            "git_commit": git_commit(), "machine": machine_info(), "backend": "cupy",
+            "ceilings": ceilings, "goals": goal_list}
+
+
+def _print(rows: list[dict], goal_list: list[dict]) -> None:
+    import pandas as pd
+
+    from questprof import console
+
+    df = pd.DataFrame(rows)
+    df["us"] = df["median_ms"] * 1e3
+    df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
+    cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
+            "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "method"]
+    shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
+    console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
+                                           "bandwidth / read ceiling of this run"))
+    g = pd.DataFrame(goals(rows, goal_list), columns=["goal", "measured", "target", "met"])
+    console.out.print(console.table(g, "goals (scenarios/bench.toml)"))
+
+
+def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_file, out_dir,
+                  argv) -> object:
+    """The whole `questprof bench`: rows to a results directory (and rows.json); returns it."""
+    import json
+    from datetime import datetime
+    from pathlib import Path
+
+    from questprof.backends import get_backend
+    from questprof.results import ResultsWriter
+
+    if not Path(cases_file).is_file():
+        raise ConfigError(f"bench file {cases_file} not found")
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats} must be at least 1")
+    cases, goal_list = load_bench(cases_file, quick)
+    get_backend("cupy")  # one clear line and exit 2 without a GPU
+    rows, ceilings = run_bench(cases, repeats, graph, peers)
+    target = Path(out_dir or Path("reports") / f"bench-{datetime.now():%Y%m%d-%H%M%S}")
+    with ResultsWriter(target, _meta(" ".join(["questprof", *argv]), ceilings, goal_list)) as w:
+        for row in rows:
+            w.append(row)
+    (target / "rows.json").write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
+    _print(rows, goal_list)
+    return target

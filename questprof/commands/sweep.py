@@ -1,0 +1,240 @@
+"""`questprof sweep`: grid -> configurations -> result rows, on disk as they finish.
+
+Each configuration gets a cold-cache Workload (workload.pools): on a GPU enough simulated layers
+that a pass of its smallest timed stage reads >= 8x the L2, within half the free memory; on the
+NumPy backend one. Each stage is timed over a pass of all layers (measure.timing), the Quest step
+(estimate -> top-K -> sparse attention) as one pass of its own; on a GPU with torch, torch SDPA
+dense beside ours; then, when a byte source runs, the DRAM bytes of each stage (measure.dram).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable
+
+from questprof.core import model
+from questprof.core.stages import ROW_STAGES
+from questprof.results import OURS, ResultsWriter, done_keys, make_row, now
+from questprof.workload.pools import (Workload, fit_need, is_out_of_memory, l2_bytes, release,
+                                      sim_layers)
+
+DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
+SDPA = "torch-sdpa"
+# Stages whose work does not depend on these fields: timed once per run and shared by the
+# configurations that differ only there (a 4-budget grid times dense once, not 4 times).
+SHARED_OVER = {"summary": ("budget", "mode"), "dense": ("budget", "mode"), "estimate": ("budget",)}
+Progress = Callable[[dict, int, int], None]
+
+
+@dataclass
+class Options:
+    """How a sweep times and measures: passes, graphs, the byte source and the torch peer."""
+
+    repeats: int = 20
+    warmup: int = 3
+    graph: bool = True
+    layers: int | None = None
+    bytes_source: str | None = None  # "cupti", "ncu" or None
+    peers: bool = False  # torch SDPA dense beside ours (GPU with torch)
+    ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
+    shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
+
+
+def row_keys(cfg, peers: bool) -> list[tuple[str, str]]:
+    """(stage, impl) of every row of one configuration, in order."""
+    keys = [(s, OURS) for s in ROW_STAGES]
+    if peers:
+        keys.insert(keys.index(("dense", OURS)) + 1, ("dense", SDPA))
+    return keys
+
+
+def shared_key(cfg, stage: str, impl: str = OURS) -> tuple | None:
+    """Key under which `stage` of cfg shares its timing with other configurations, or None."""
+    if stage not in SHARED_OVER:
+        return None
+    fields = cfg.as_dict()
+    return (stage, impl, *((k, v) for k, v in sorted(fields.items())
+                           if k not in SHARED_OVER[stage] and k != "k_pages"))
+
+
+def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
+    """measured_read_bytes, measured_write_bytes, bytes_source of one stage, or a note why not."""
+    from questprof.measure import dram
+
+    if stage == "topk":  # top-K reads only scores: copies of them make its own cold rotation
+        need = model.COLD_FACTOR * l2_bytes()
+        work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
+    try:
+        read, write = dram.stage_bytes("cupti", work.launcher(stage), work.calls(stage),
+                                       pass_ms=pass_ms * work.calls(stage), seconds=0.01)
+    except Exception as exc:  # a failed measurement is a note on the row, never a lost row
+        return {"note": f"bytes not measured: {type(exc).__name__}: {exc}"}
+    finally:
+        work.topk_scores = work.scores
+    return {"measured_read_bytes": read, "measured_write_bytes": write, "bytes_source": "cupti"}
+
+
+def _measure(work: Workload, stage: str, impl: str, opts: Options) -> tuple[dict, dict]:
+    """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
+    from questprof.measure.timing import time_layers
+
+    launch = work.launcher(impl if impl != OURS else stage)
+    t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
+                    uses_torch=impl != OURS)
+    timing = {**t.summary(), "note": t.note}
+    got = {}
+    if opts.bytes_source == "cupti" and impl == OURS:
+        got = _bytes(work, stage, opts, t.median)
+    return timing, got
+
+
+def _ncu_bytes(cfg, keys, opts: Options, dense_budget: bool) -> dict:
+    """{(stage, impl): measured-bytes fields} from one ncu replay of the configuration."""
+    stages = sorted({("dense" if dense_budget and s == "quest" else s) for s, i in keys
+                     if i == OURS and not (dense_budget and s in model.QUEST_STAGES)})
+    if opts.ncu is None or not stages:
+        return {}
+    try:
+        got = opts.ncu(cfg, stages)
+    except Exception as exc:  # the rows still land, saying why they carry no bytes
+        return {(s, OURS): {"note": f"ncu: {type(exc).__name__}: {exc}"[:300]} for s in stages}
+    return {(s, OURS): {"measured_read_bytes": r, "measured_write_bytes": w,
+                        "bytes_source": "ncu"} for s, (r, w) in got.items()}
+
+
+def _skipped_rows(scenario, cfg, backend, keys, layers, reason, need=None):
+    """Skipped rows of every (stage, impl), with the cause and, for memory, the figures."""
+    extra = {}
+    if need is not None:
+        gib = 1 << 30
+        extra = {"need_gib": need[0] / gib, "free_gib": None if need[1] is None else need[1] / gib}
+    return [make_row(cfg, s, scenario=scenario, backend=backend.name, impl=i, layers=layers,
+                     status="skipped", reason=reason, **extra) for s, i in keys]
+
+
+def _prepare(cfg, backend, layers: int):
+    """(Workload, None), or (None, why) when the pools do not fit in memory."""
+    try:
+        return Workload(cfg, backend, layers), None
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        release(backend)
+        return None, (str(exc) if type(exc).__name__ == "DoesNotFit"
+                      else f"out of memory building {layers} layer(s): {type(exc).__name__}")
+
+
+def config_rows(scenario: str, cfg, backend, keys, opts: Options):
+    """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done."""
+    layers = sim_layers(cfg, backend, opts.layers)
+    work, reason = _prepare(cfg, backend, layers)
+    if work is None:
+        yield from _skipped_rows(scenario, cfg, backend, keys, layers, reason,
+                                 fit_need(cfg, backend, layers))
+        return
+    row = lambda s, i, **kw: make_row(cfg, s, scenario=scenario, backend=backend.name,  # noqa: E731
+                                      impl=i, layers=layers, union=work.union, **kw)
+    dense_budget = cfg.is_dense_budget
+    ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
+    for stage, impl in keys:
+        if dense_budget and stage in model.QUEST_STAGES:
+            yield row(stage, impl, status="skipped", reason=DENSE_REASON)
+            continue
+        runs = "dense" if dense_budget and stage == "quest" else stage
+        key = shared_key(cfg, runs, impl)
+        try:
+            timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts)
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            release(backend)
+            yield row(stage, impl, status="skipped",
+                      reason=f"out of memory timing {stage}: {type(exc).__name__}")
+            continue
+        if key is not None:
+            opts.shared[key] = (timing, got)
+        reason = DENSE_REASON if runs != stage else None
+        got = {**got, **ncu.get((runs, impl), {})}
+        yield row(stage, impl, timing=timing, work=work.work(runs), reason=reason, **got)
+    del work
+    release(backend)
+
+
+def _grid(configs) -> dict:
+    """The values swept, from the configurations."""
+    values = lambda name: sorted({getattr(c, name) for c in configs})  # noqa: E731
+    return {"lengths": values("length"), "batches": values("batch"),
+            "page_sizes": values("page_size"), "budgets": values("budget"),
+            "modes": values("mode"), "seeds": values("seed")}
+
+
+def _ceilings(backend) -> dict:
+    """measure.ceilings.measure_ceilings(backend), or why it could not run."""
+    try:
+        from questprof.measure.ceilings import measure_ceilings
+
+        return measure_ceilings(backend)
+    except Exception as exc:  # ceilings are context for the report, never a reason to stop
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+
+
+def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None,
+               byte_status: dict | None = None) -> dict:
+    """meta.json of a run (notes/CONTRACTS.md)."""
+    from questprof.core.machine import git_commit, machine_info
+
+    timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers")} \
+        if opts else {}
+    return {"scenario": scenario.name, "scenario_path": str(scenario.path),
+            "command": command or " ".join(sys.argv), "started": now(), "finished": None,
+            "git_commit": git_commit(), "machine": machine_info(), "backend": backend.name,
+            "fallback_reason": getattr(backend, "fallback_reason", None),
+            "ceilings": _ceilings(backend), "grid": _grid(configs), "timing": timing,
+            "bytes": byte_status or {}}
+
+
+def _resumed_meta(out_dir, meta: dict) -> dict:
+    """meta.json of a resumed run: the first run's start and command, and each resumption's."""
+    from questprof.results import load
+
+    old = load(out_dir)[1]
+    resumed = list(old.get("resumed", [])) + [meta["started"]]
+    commands = list(old.get("resumed_commands", [])) + [meta["command"]]
+    return {**meta, "started": old.get("started", meta["started"]),
+            "command": old.get("command", meta["command"]), "resumed": resumed,
+            "resumed_commands": commands}
+
+
+def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
+              resume: bool = False, progress: Progress | None = None,
+              command: str | None = None, meta_extra: dict | None = None) -> list[dict]:
+    """Time (and measure) every stage of every configuration; rows go to out_dir as they finish.
+
+    progress(row, done, total) is called after each row (done counts rows on disk, resumed
+    ones included). resume=True skips (configuration, stage, impl) already in out_dir.
+    Returns the rows written by this call; results.parquet is rewritten on exit, also on error.
+    """
+    opts = opts or Options()
+    done = done_keys(out_dir) if resume else set()
+    meta = sweep_meta(scenario, configs, backend, command, opts,
+                      (meta_extra or {}).get("bytes"))
+    meta.update(meta_extra or {})
+    if resume:
+        meta = _resumed_meta(out_dir, meta)
+    plan = [(cfg, [k for k in row_keys(cfg, opts.peers) if (cfg.key(), *k) not in done])
+            for cfg in configs]
+    total = sum(len(row_keys(c, opts.peers)) for c in configs)
+    count = total - sum(len(keys) for _, keys in plan)
+    written = []
+    with ResultsWriter(out_dir, meta) as writer:
+        for cfg, keys in plan:
+            if not keys:
+                continue
+            for row in config_rows(scenario.name, cfg, backend, keys, opts):
+                writer.append(row)
+                written.append(row)
+                count += 1
+                if progress is not None:
+                    progress(row, count, total)
+    return written

@@ -1,0 +1,213 @@
+"""The `questprof sweep` command: arguments -> configurations -> the grid, then what joins it
+(measured end-to-end steps, context parallel over several GPUs, fidelity), then the summary.
+
+On a GPU the default is the whole answer: the grid with torch SDPA beside our dense, DRAM bytes
+of every stage through CUPTI where a PM-sampling session configures, and end-to-end decode steps
+at 8k, 32k and 128k (within the grid's lengths).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+from questprof import console
+from questprof.core.config import ConfigError
+
+DEFAULTS = {"scenario": "longchat-7b", "backend": "auto", "graph": True, "bytes_source": "auto",
+            "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1, "fidelity": False}
+BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
+TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}  # is_gpu -> (repeats, warmup)
+# Seconds per configuration seen on the reference machines, for the announcement of a sweep:
+# H200 longchat-7b 168 configurations in 51 s; 2-core CPU the same grid in 7.5 min.
+SECONDS_PER_CONFIG = {True: 0.3, False: 2.7}
+
+
+def resolve_args(resume: Path | None, given: dict) -> dict:
+    """The sweep's arguments: those given, else the first run's (from meta.json), else defaults."""
+    first = {}
+    if resume is not None:
+        from questprof import results
+
+        first = results.load(resume)[1].get("args", {})
+    merged = {k: v if v is not None else first.get(k) for k, v in given.items()}
+    return {k: v if v is not None else DEFAULTS.get(k) for k, v in merged.items()}
+
+
+def configs_of(args: dict):
+    """(scenario, configurations) for the sweep's arguments."""
+    from questprof.core.config import expand, load_scenario
+
+    for name in ("layers", "repeats", "warmup"):
+        least = 0 if name == "warmup" else 1
+        if args.get(name) is not None and args[name] < least:
+            raise ConfigError(f"--{name} {args[name]} must be at least {least}")
+    scenario = load_scenario(args["scenario"])
+    modes = args["mode"].split(",") if args.get("mode") else None
+    configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
+                     page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes)
+    return scenario, configs
+
+
+def check_extras(args: dict, backend) -> None:
+    """--bytes, --e2e and --gpus before any work: a clear error instead of a failure later."""
+    from questprof.core.config import validate_budget, validate_page_size
+
+    if args["bytes_source"] not in BYTE_SOURCES:
+        raise ConfigError(f"--bytes {args['bytes_source']!r}: expected auto, cupti, ncu or none")
+    if args["bytes_source"] in ("cupti", "ncu") and not backend.is_gpu:
+        raise ConfigError(f"--bytes {args['bytes_source']} measures GPU kernels: this run uses "
+                          f"the {backend.name} backend ({console.INSTALL_GPU} on a GPU machine)")
+    validate_page_size(args["e2e_page_size"])
+    validate_budget(args["e2e_budget"], args["e2e_page_size"])
+    if args["gpus"] < 1:
+        raise ConfigError(f"--gpus {args['gpus']} must be at least 1")
+    if args["gpus"] > 1:
+        if not backend.is_gpu:
+            raise ConfigError(f"--gpus {args['gpus']} needs the cupy backend and GPUs")
+        import cupy
+
+        have = cupy.cuda.runtime.getDeviceCount()
+        if args["gpus"] > have:
+            raise ConfigError(f"--gpus {args['gpus']}: this host has {have} GPU(s)")
+
+
+def byte_source(asked: str, backend) -> tuple[str | None, dict]:
+    """(source the sweep measures bytes with or None, meta.json's account of why)."""
+    if asked == "none":
+        return None, {"source": None, "reason": "--bytes none"}
+    if not backend.is_gpu:
+        return None, {"source": None, "reason": f"the {backend.name} backend runs on the CPU"}
+    from questprof.measure import cupti, ncu
+
+    if asked == "ncu":
+        ok, why = ncu.available()
+        if not ok:
+            raise ConfigError(f"--bytes ncu: {why}")
+        return "ncu", {"source": "ncu", "reason": None}
+    ok, why = cupti.available()  # a real PM-sampling configure, before CuPy makes a context
+    if ok:
+        return "cupti", {"source": "cupti", "reason": None}
+    if asked == "cupti":
+        raise ConfigError(f"--bytes cupti: {why}")
+    return None, {"source": None, "reason": why}
+
+
+def _torch_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def announce(scenario, configs, backend, args: dict) -> None:
+    """Say what is about to run and about how long it will take (a default grid is large)."""
+    minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
+    console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
+                      f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
+                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e']})", highlight=False)
+
+
+def _options(args: dict, backend, source):
+    from questprof.commands.sweep import Options
+
+    repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
+    peers = args["peers"] if args["peers"] is not None else (backend.is_gpu and _torch_gpu())
+    ncu = None
+    if source == "ncu":
+        from questprof.commands.bytes import ncu_bytes as ncu
+    return Options(repeats=args["repeats"] or repeats,
+                   warmup=warmup if args["warmup"] is None else args["warmup"],
+                   graph=bool(args["graph"]), layers=args["layers"],
+                   bytes_source=source if source == "cupti" else None, peers=peers, ncu=ncu)
+
+
+def _grid(scenario, configs, backend, target: Path, args: dict, resume: bool, argv,
+          source, status) -> None:
+    """run_sweep with progress, then the summary table."""
+    from questprof import results
+    from questprof.commands.sweep import row_keys, run_sweep
+    from questprof.report.frames import summary_table
+
+    opts = _options(args, backend, source)
+    total = sum(len(row_keys(c, opts.peers)) for c in configs)
+    with console.Ticker(scenario.name, total) as ticker:
+        def step(row: dict, done: int, _total: int) -> None:
+            ticker.update(done, f"{row['stage']:9} L={row['length']} B={row['batch']} "
+                                f"S={row['page_size']}")
+        run_sweep(scenario, configs, backend, target, opts, resume=resume, progress=step,
+                  command=" ".join(["questprof", *argv]),
+                  meta_extra={"args": {k: str(v) if isinstance(v, Path) else v
+                                       for k, v in args.items()}, "bytes": status})
+    df, _ = results.load(target)
+    table, fixed = console.fold(summary_table(df), ("batch", "page_size", "budget", "mode"))
+    console.out.print(console.table(table, f"{scenario.name} ({fixed}): median ms per layer, "
+                                           "speedup = fastest dense / quest"))
+
+
+def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
+    """The context-parallel, end-to-end and fidelity measurements asked for."""
+    import pandas as pd
+
+    if args["gpus"] > 1:
+        from questprof.commands.context_parallel import run_context_parallel
+
+        rows = run_context_parallel(scenario, configs, target, args["gpus"])
+        df = pd.DataFrame(rows)[["length", "batch", "page_size", "budget", "phase", "median_ms"]]
+        console.out.print(console.table(df, f"context-parallel Quest on {args['gpus']} GPUs"))
+    if args["e2e"]:
+        from questprof.commands.e2e import E2E_LENGTHS, run_e2e
+
+        grid = sorted({c.length for c in configs})
+        lengths = ([n for n in E2E_LENGTHS if grid[0] <= n <= grid[-1]] or grid) \
+            if args["e2e_default"] else grid
+        rows = run_e2e(scenario, configs, backend, target, args["e2e_page_size"],
+                       args["e2e_budget"], lengths)
+        cols = ["length", "step_ms_dense", "step_ms_quest", "attention_fraction",
+                "amdahl_predicted", "measured_speedup", "predicted_4bit", "status"]
+        df = pd.DataFrame(rows)
+        df = df[[c for c in cols if c in df]]
+        console.out.print(console.table(df, "end-to-end decode step (all layers)"))
+    if args["fidelity"]:
+        from questprof.commands.fidelity import fidelity_rows_for_sweep
+
+        fidelity_rows_for_sweep(scenario, configs, backend, target)
+
+
+def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) -> Path:
+    """The whole `questprof sweep`: returns the results directory (report not yet written)."""
+    from questprof.backends import get_backend
+
+    args = resolve_args(resume, given)
+    scenario, configs = configs_of(args)
+    backend = get_backend(args["backend"])
+    args["e2e_default"] = args["e2e"] is None
+    args["e2e"] = backend.is_gpu if args["e2e"] is None else args["e2e"]
+    check_extras(args, backend)
+    source, status = byte_source(args["bytes_source"], backend)
+    console.banner(backend)
+    if status["reason"] and args["bytes_source"] == "auto" and backend.is_gpu:
+        console.warn(f"DRAM bytes not measured: {status['reason']}")
+    announce(scenario, configs, backend, args)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = resume or out_dir or Path("reports") / f"{scenario.name}-{stamp}"
+    try:
+        _grid(scenario, configs, backend, target, args, resume is not None, argv, source,
+              status)
+        _extras(scenario, configs, backend, target, args)
+    except KeyboardInterrupt:
+        interrupted(target)
+    return target
+
+
+def interrupted(out_dir: Path) -> None:
+    """One line on what Ctrl-C left on disk, then exit 130."""
+    import typer
+
+    from questprof import results
+
+    kept = len(results.read_rows(out_dir))
+    console.err.print(f"interrupted: {kept} finished rows kept in {out_dir}; "
+                      f"continue with: questprof sweep --resume {out_dir}", highlight=False)
+    raise typer.Exit(130)

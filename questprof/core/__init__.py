@@ -1,0 +1,1 @@
+"""The lowest layer: configuration, formulas, layouts, the reference, stage names, the machine."""

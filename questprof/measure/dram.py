@@ -1,0 +1,77 @@
+"""DRAM bytes of one call of a stage, per layer, through CUPTI or NVML GPM (ncu: measure.ncu).
+
+Two protocols keep every call cold, as in a real decode step. `rotate` (CUPTI's default): the
+stage runs over enough layers, each with its own pools, that one pass reads >= 8x the L2, and
+the window's bytes are divided by the calls. `flush`: each call is followed by an L2-evicting
+read (measure.ceilings.Flush), and the same loop without the stage is subtracted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+SOURCES = ("cupti", "ncu", "nvml")
+PROTOCOLS = ("rotate", "flush")
+TARGET_SECONDS = {"cupti": 0.03, "nvml": 0.3}  # GPM averages over its window: make it longer
+
+
+def repeats_for(fn, seconds: float, call_ms: float | None = None) -> int:
+    """Repetitions of `fn` (asynchronous) that fill about `seconds` of GPU time, 3..2000;
+    call_ms, when the caller has just timed fn, saves timing it again."""
+    if call_ms is None:
+        from questprof.measure.ceilings import median_ms
+
+        call_ms = median_ms(fn, repeats=3, warmup=1)
+    return int(min(2000, max(3, math.ceil(seconds * 1e3 / max(call_ms, 1e-6)))))
+
+
+def _sync_loop(fn, repeats: int) -> None:
+    import cupy
+
+    for _ in range(repeats):
+        fn()
+    cupy.cuda.Device().synchronize()
+
+
+def gpm_bytes(fn, repeats: int, full_scale_gbs: float) -> float:
+    """Bytes (read + write) GPM saw over `repeats` calls of fn, at a calibrated full scale."""
+    from questprof.measure import nvml
+
+    return nvml.gpm_window(lambda: _sync_loop(fn, repeats)).bytes(full_scale_gbs)
+
+
+def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=None,
+                full_scale: float | None = None, protocol: str = "rotate",
+                pass_ms: float | None = None, seconds: float | None = None):
+    """(read, write) DRAM bytes of one call of launch(layer), layers 0..calls-1 (write None for
+    GPM). pass_ms: the time of one pass when known (skips a timing run)."""
+    from questprof.measure import cupti
+
+    seconds = seconds or TARGET_SECONDS.get(source, 0.03)
+    if source == "cupti" and protocol == "rotate":
+        def rotation():
+            for layer in range(calls):
+                launch(layer)
+
+        got = cupti.measure(rotation, repeats_for(rotation, seconds, pass_ms), seconds)
+        return got.read / calls, got.write / calls
+
+    def with_stage():
+        for layer in range(calls):
+            launch(layer)
+            flush()
+
+    def without():
+        for _ in range(calls):
+            flush()
+
+    repeats = repeats_for(with_stage, seconds)
+    if source == "nvml":
+        cupti.release()
+        total = gpm_bytes(with_stage, repeats, full_scale) - gpm_bytes(without, repeats,
+                                                                        full_scale)
+        return total / (repeats * calls), None
+    a = cupti.measure(with_stage, repeats, seconds)
+    b = cupti.measure(without, repeats, seconds)
+    return (a.read - b.read) / calls, (a.write - b.write) / calls

@@ -1,0 +1,1 @@
+"""Prepared KV pools and the launch map of every stage and peer, below every command."""

@@ -1,0 +1,240 @@
+"""Prepared pools of one configuration, and the launch of every stage and peer on them.
+
+Every command that times or measures a stage stands on `Workload`: `layers` simulated layers,
+each with its own KV pool (tiled from one random block, summaries built by the `summary` stage
+over a prefill plan), decode queries, and each stage's inputs ready (scores and selections).
+The cold-pass rule (`sim_layers`, over core.model.cold_layers) reads the device's L2 and free
+memory, and the memory checks (`free_bytes`, `fit_reason`, out-of-memory) live here too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import numpy as np
+
+from questprof.core import model
+from questprof.core.config import ConfigError
+from questprof.core.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
+                                   random_queries, tiled, to_storage)
+
+POOL_FRACTION = 0.5  # simulated layers' pools take at most half the free device memory
+L2_DEFAULT = 60 << 20  # an H200's L2, when the device's own figure cannot be read
+ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-byte aligned
+FREE_FRACTION = 0.9  # use at most this share of free memory
+HOST_COPIES = 6  # NumPy backend: the pool, and float64 copies of K and V in reference.attention
+
+
+class DoesNotFit(RuntimeError):
+    """A configuration's pools do not fit in free memory (the message says by how much)."""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """MemoryError, CuPy's or torch's OutOfMemoryError, or a CUDA allocation failure."""
+    return (isinstance(exc, (MemoryError, DoesNotFit))
+            or type(exc).__name__ == "OutOfMemoryError"
+            or "cudaErrorMemoryAllocation" in str(exc))
+
+
+def release(backend) -> None:
+    """Give cached device blocks back so the next configuration sees the free memory."""
+    if backend.is_gpu:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+
+
+@functools.cache
+def l2_bytes() -> int:
+    """The current device's L2 size in bytes, or L2_DEFAULT where none can be read."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"])
+    except Exception:  # no CuPy or no device here
+        return L2_DEFAULT
+
+
+def _host_available() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes; None where there is none."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def free_bytes(backend) -> int | None:
+    """Free memory in bytes where the pools live: the GPU's (CuPy's cached blocks included),
+    or the host's available memory for a CPU backend; None when unknown."""
+    if not backend.is_gpu:
+        return _host_available()
+    import cupy
+
+    pool = cupy.get_default_memory_pool()
+    return int(cupy.cuda.runtime.memGetInfo()[0]) + int(pool.free_bytes())
+
+
+def sim_layers(cfg, backend, layers: int | None = None) -> int:
+    """Layers of the timed pass: `layers` if given, 1 on a CPU backend, else a cold pass
+    (model.cold_layers) within POOL_FRACTION of the free device memory."""
+    if layers is not None:
+        if layers < 1:
+            raise ConfigError(f"layers {layers} must be at least 1")
+        return layers
+    if not backend.is_gpu:
+        return 1
+    free = free_bytes(backend)
+    budget = POOL_FRACTION * free if free is not None else model.kv_pool_bytes(cfg)
+    return model.cold_layers(cfg, l2_bytes(), budget)
+
+
+def fit_need(cfg, backend, layers: int) -> tuple[int, int | None]:
+    """(bytes the pools of `layers` layers need, bytes free) where they would live."""
+    copies = 1 if backend.is_gpu else HOST_COPIES
+    return copies * layers * model.kv_pool_bytes(cfg) + 4 * TILE * 4, free_bytes(backend)
+
+
+def fit_reason(cfg, backend, layers: int) -> str | None:
+    """Why `layers` pools of cfg do not fit in free memory (the cause; figures in the
+    row's need_gib / free_gib), or None when they do."""
+    need, free = fit_need(cfg, backend, layers)
+    if free is None or need <= FREE_FRACTION * free:
+        return None
+    return f"does not fit in {'GPU' if backend.is_gpu else 'host'} memory"
+
+
+def union_pages(sel, count, group: int) -> float:
+    """Mean distinct pages per (request, KV head) over the per-head selections sel [Hq, B, K]."""
+    sel, count = np.asarray(sel), np.asarray(count)
+    q_heads, batch, _ = sel.shape
+    sizes = [len(np.unique(sel[h:h + group, b, :count[b]]))
+             for h in range(0, q_heads, group) for b in range(batch)]
+    return float(np.mean(sizes))
+
+
+def _device_plan(backend, plan: AppendPlan) -> AppendPlan:
+    return AppendPlan(*(backend.asarray(a) for a in (plan.page_ids, plan.first, plan.end)))
+
+
+def _xp(backend):
+    """The array module of the backend (cupy on a GPU, numpy otherwise)."""
+    if backend.is_gpu:
+        import cupy
+
+        return cupy
+    return np
+
+
+def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
+    """Random K/V pools for each layer, sharing one page table; summaries built by prefill."""
+    m, xp, lengths = cfg.model, _xp(backend), [cfg.length] * cfg.batch
+    n = cfg.batch * cfg.pages
+    tables = page_tables(lengths, cfg.page_size, n, rng)
+    tile = backend.asarray(to_storage(rng.standard_normal(TILE, dtype=np.float32), m.dtype))
+    nan = to_storage(np.array([np.nan]), m.dtype)[0]
+    shape = (n, m.kv_heads, cfg.page_size, m.head_dim)
+    prefill = _device_plan(backend, append_plan(*tables, lengths, cfg.page_size))
+    kvs = []
+    for layer in range(layers):
+        k, v = (tiled(xp, tile, shape, ALIGN * (2 * layer + i)) for i in (0, 1))
+        summ = xp.full((n, m.kv_heads, 2, m.head_dim), nan, dtype=tile.dtype)
+        kv = backend.put(PagedKV(k, v, summ, *(backend.asarray(t) for t in tables),
+                                 tuple(lengths), cfg.page_size, m.dtype))
+        backend.summary(kv, prefill)
+        kvs.append(kv)
+    return kvs, tables
+
+
+class Workload:
+    """`layers` prepared layers of one configuration on a backend, and each stage's launch.
+
+    Pools, decode queries and the one-token decode plan; unless the budget covers every page,
+    each layer's scores and selections too (top-K and sparse attention read them).
+    Raises DoesNotFit before allocating when the pools would not fit in free memory.
+    """
+
+    PEERS = ("torch-sdpa", "torch-naive", "torch-gather")
+
+    def __init__(self, cfg, backend, layers: int):
+        reason = fit_reason(cfg, backend, layers)
+        if reason is not None:
+            raise DoesNotFit(reason)
+        rng = np.random.default_rng(cfg.seed)
+        self.cfg, self.backend = cfg, backend
+        self.kvs, tables = build_pools(cfg, backend, layers, rng)
+        m = cfg.model
+        self.q = backend.asarray(random_queries(rng, cfg.batch, m.q_heads, m.head_dim, m.dtype))
+        self.plan = _device_plan(backend, append_plan(*tables, [1] * cfg.batch, cfg.page_size))
+        self.scores, self.selections, self.union = [], [], None
+        if not cfg.is_dense_budget:
+            self.scores = [backend.estimate(self.q, kv, cfg.mode) for kv in self.kvs]
+            self.selections = [backend.topk(s, kv, cfg.k_pages)
+                               for s, kv in zip(self.scores, self.kvs)]
+            if cfg.mode == "per-head" and m.group > 1:
+                sel, count = (backend.to_host(a) for a in self.selections[0])
+                self.union = union_pages(sel, count, m.group)
+        self.topk_scores, self._torch = self.scores, None
+        backend.synchronize()
+
+    @property
+    def layers(self) -> int:
+        return len(self.kvs)
+
+    def work(self, stage: str):
+        """Modelled bytes and FLOPs of `stage` (a kernel stage or 'quest') per layer."""
+        if stage == "quest":
+            return model.quest_work(self.cfg, self.union)
+        return model.stage_work(self.cfg, self.union)[stage]
+
+    def rotate_topk(self, calls: int) -> None:
+        """Copies of the scores so that top-K, which reads only them, has a cold rotation of
+        `calls` calls of its own (byte measurement)."""
+        self.topk_scores = [self.scores[i] if i < self.layers else self.scores[i % self.layers]
+                            .copy() for i in range(max(self.layers, calls))]
+
+    def calls(self, stage: str) -> int:
+        """Calls of `stage` in one cold pass (launch(0) .. launch(calls - 1))."""
+        return len(self.topk_scores) if stage == "topk" else self.layers
+
+    def quest(self, layer: int):
+        """One Quest step of a layer, estimate -> top-K -> sparse attention, launched as one."""
+        b, kv, cfg = self.backend, self.kvs[layer], self.cfg
+        sel, count = b.topk(b.estimate(self.q, kv, cfg.mode), kv, cfg.k_pages)
+        return b.attention(self.q, kv, sel, count)
+
+    def launcher(self, stage: str) -> Callable[[int], object]:
+        """launch(layer) of a stage, 'quest' or a peer; asynchronous, no synchronisation.
+        Peers (torch) are built only when asked for."""
+        b, cfg, kvs, q = self.backend, self.cfg, self.kvs, self.q
+        if stage in self.PEERS:
+            return self._peer(stage)
+        launches = {
+            "summary": lambda l: b.summary(kvs[l], self.plan),
+            "estimate": lambda l: b.estimate(q, kvs[l], cfg.mode),
+            "topk": lambda l: b.topk(self.topk_scores[l], kvs[l % self.layers], cfg.k_pages),
+            "attention": lambda l: b.attention(q, kvs[l], *self.selections[l]),
+            "dense": lambda l: b.attention(q, kvs[l]),
+            "quest": self.quest,
+        }
+        if stage not in launches:
+            raise ValueError(f"unknown stage {stage!r}: expected one of {tuple(launches)}")
+        return launches[stage]
+
+    def _peer(self, name: str) -> Callable[[int], object]:
+        from questprof.workload import peers
+
+        cfg, m = self.cfg, self.cfg.model
+        if name == "torch-gather":
+            return peers.gathered_attention(cfg, self.kvs, self.q, self.selections)
+        if self._torch is None:  # one contiguous cache per layer, shared by the torch peers
+            self._torch = (peers.make_layers(self.layers, cfg.batch, m.kv_heads, cfg.length,
+                                             m.head_dim, cfg.page_size, m.dtype, cfg.seed),
+                           peers.random_query(cfg.batch, m.q_heads, m.head_dim, m.dtype,
+                                              cfg.seed))
+        caches, tq = self._torch
+        if name == "torch-sdpa":
+            return peers.sdpa_dense(caches, tq)
+        return peers.naive_quest(caches, tq, cfg.k_pages, cfg.mode)
