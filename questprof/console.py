@@ -14,8 +14,17 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
+WIDE = 160  # columns when output goes to a file: Rich's 80 squeezed bench's table to "3…"
+
+
+def _console(stderr: bool = False) -> Console:
+    probe = Console(stderr=stderr)
+    return Console(stderr=stderr, soft_wrap=True,
+                   width=None if probe.is_terminal else max(WIDE, probe.width))
+
+
+out = _console()
+err = _console(stderr=True)
 PROGRESS_SECONDS = 10.0
 HEADERS = {"length": "L", "batch": "B", "page_size": "S", "dense_ms": "dense",
            "quest_ms": "quest", "rho_formula": "rho", "median_ms_a": "A ms", "median_ms_b": "B ms"}
