@@ -1,4 +1,4 @@
-"""Paged KV cache, CSR page tables and summary buffers for one layer (see DESIGN.md, Data layout).
+"""Paged KV cache, CSR page tables and summary buffers for one layer (docs/QUEST.md, Layout).
 
 Shapes (N physical pages, H kv heads, S page size, d head dim, B requests, nnz = sum of pages):
   k, v      [N, H, S, d]  storage dtype (fp16, bf16 as uint16 bits, fp32)

@@ -7,8 +7,8 @@ The paper's bytes per KV head per request: T_dense = 2ML, T_index = 2MP, T_selec
 rho = (T_index + T_selected) / T_dense = 1/S + K/P. Here token counts are exact: the tail page
 holds last = L - (P-1)S valid tokens and only those are read.
 
-`cfg` is a questprof.config.Config (duck-typed: model, length, batch, page_size, budget, mode);
-`shape` is a questprof.config.ModelShape. All bytes and FLOPs are per layer, whole batch.
+`cfg` is a questprof.core.config.Config (duck-typed: model, length, batch, page_size, budget, mode);
+`shape` is a questprof.core.config.ModelShape. All bytes and FLOPs are per layer, whole batch.
 """
 
 from __future__ import annotations
