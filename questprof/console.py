@@ -77,11 +77,11 @@ def error(text: str) -> None:
 class Ticker:
     """Progress of `total` steps: a live bar on a terminal, else a line every PROGRESS_SECONDS."""
 
-    def __init__(self, name: str, total: int):
-        self.name, self.total, self.start, self.last = name, total, time.monotonic(), 0.0
-        self.live = err.is_terminal
+    def __init__(self, name: str, total: int, live: bool | None = None):
+        self.name, self.total, self.start = name, total, time.monotonic()
+        self.last = -PROGRESS_SECONDS
         self.bar = None
-        if self.live:
+        if err.is_terminal if live is None else live:
             self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"),
                                 TimeRemainingColumn(), console=err, transient=False)

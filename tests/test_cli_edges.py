@@ -1,0 +1,59 @@
+"""Rough edges of the command line found by trying it as a new user would."""
+
+from __future__ import annotations
+
+import re
+
+from typer.testing import CliRunner
+
+from questprof import console
+from questprof.cli import app
+
+
+def run(*args, **kwargs):
+    return CliRunner().invoke(app, [str(a) for a in args], **kwargs)
+
+
+def test_sweep_help_shows_defaults():
+    """'[default: ...]' in a help string used to be eaten as Rich markup."""
+    text = re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", run("sweep", "--help").output))
+    for default in ("[default: longchat-7b]", "[default: auto]", "[default: --graph]",
+                    "[default: 2048]"):
+        assert default in text, default
+
+
+def test_progress_without_a_terminal_prints_lines(monkeypatch):
+    """Redirected to a file, a long sweep printed nothing until it ended."""
+    clock = iter(range(0, 1000, 4))  # each update 4 s after the one before
+    monkeypatch.setattr(console.time, "monotonic", lambda: float(next(clock)))
+    lines = []
+    monkeypatch.setattr(console.err, "print", lambda text, **kw: lines.append(text))
+    ticker = console.Ticker("grid", 10, live=False)
+    with ticker:
+        for done in range(1, 11):
+            ticker.update(done, f"row {done}")
+    assert 2 <= len(lines) <= 5  # every ~10 s and the last, not one per row
+    assert lines[-1].startswith("grid: 10/10 rows") and "rows/s" in lines[-1] and "ETA" in lines[-1]
+
+
+def test_sweep_says_what_it_will_run_before_it_runs(tmp_path, monkeypatch):
+    """`questprof sweep` with no arguments started 168 configurations without a word."""
+    from questprof.commands import sweep_job
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_job, "_grid", stop)
+    result = run("sweep", "--backend", "numpy", "--out", tmp_path / "o")
+    assert result.exit_code == 130
+    assert "sweep longchat-7b: 168 configurations on the numpy backend, about" in result.stderr
+    assert "min" in result.stderr
+
+
+def test_bad_byte_source_is_one_line(tmp_path):
+    result = run("sweep", "--scenario", "smoke", "--bytes", "perf", "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "--bytes 'perf'" in result.stderr
+    result = run("sweep", "--scenario", "smoke", "--bytes", "cupti", "--backend", "numpy",
+                 "--out", tmp_path / "o")
+    assert result.exit_code == 2 and "pip install -e '.[cuda13,torch]'" in result.stderr
+    assert "Traceback" not in result.output
