@@ -284,10 +284,11 @@ def run_context_parallel(scenario, configs, out_dir, gpus: int, steps: int = 10)
 
 
 def main(argv=None) -> None:
-    """python3 -m questprof.distributed --world 2 --lengths 32k,128k ... (NCCL on GPUs)."""
+    """python3 -m questprof.commands.context_parallel --world 2 --lengths 32k,128k ... (NCCL on GPUs)."""
     import argparse
 
-    from questprof.core.config import load_scenario, parse_sizes
+    from questprof.core.config import parse_sizes
+    from questprof.core.scenarios import load_scenario
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)

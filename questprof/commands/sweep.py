@@ -10,6 +10,7 @@ dense beside ours; then, when a byte source runs, the DRAM bytes of each stage (
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,6 +40,7 @@ class Options:
     peers: bool = False  # torch SDPA dense beside ours (GPU with torch)
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
+    bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
 
 
 def row_keys(cfg, peers: bool) -> list[tuple[str, str]]:
@@ -65,6 +67,7 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
     if stage == "topk":  # top-K reads only scores: copies of them make its own cold rotation
         need = model.COLD_FACTOR * l2_bytes()
         work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
+    start = time.perf_counter()
     try:
         read, write = dram.stage_bytes("cupti", work.launcher(stage), work.calls(stage),
                                        pass_ms=pass_ms * work.calls(stage), seconds=0.01)
@@ -72,6 +75,7 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
         return {"note": f"bytes not measured: {type(exc).__name__}: {exc}"}
     finally:
         work.topk_scores = work.scores
+        opts.bytes_seconds += time.perf_counter() - start
     return {"measured_read_bytes": read, "measured_write_bytes": write, "bytes_source": "cupti"}
 
 
@@ -226,15 +230,17 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
             for cfg in configs]
     total = sum(len(row_keys(c, opts.peers)) for c in configs)
     count = total - sum(len(keys) for _, keys in plan)
-    written = []
+    written, start = [], time.perf_counter()
     with ResultsWriter(out_dir, meta) as writer:
-        for cfg, keys in plan:
-            if not keys:
-                continue
-            for row in config_rows(scenario.name, cfg, backend, keys, opts):
-                writer.append(row)
-                written.append(row)
-                count += 1
-                if progress is not None:
-                    progress(row, count, total)
+        try:
+            for cfg, keys in plan:
+                for row in config_rows(scenario.name, cfg, backend, keys, opts) if keys else ():
+                    writer.append(row)
+                    written.append(row)
+                    count += 1
+                    if progress is not None:
+                        progress(row, count, total)
+        finally:
+            writer.write_meta(grid_seconds=time.perf_counter() - start,
+                              bytes_seconds=opts.bytes_seconds)
     return written

@@ -8,6 +8,7 @@ at 8k, 32k and 128k (within the grid's lengths).
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def resolve_args(resume: Path | None, given: dict) -> dict:
 
 def configs_of(args: dict):
     """(scenario, configurations) for the sweep's arguments."""
-    from questprof.core.config import expand, load_scenario
+    from questprof.core.scenarios import expand, load_scenario
 
     for name in ("layers", "repeats", "warmup"):
         least = 0 if name == "warmup" else 1
@@ -192,12 +193,16 @@ def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) 
     announce(scenario, configs, backend, args)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = resume or out_dir or Path("reports") / f"{scenario.name}-{stamp}"
+    start = time.perf_counter()
     try:
         _grid(scenario, configs, backend, target, args, resume is not None, argv, source,
               status)
         _extras(scenario, configs, backend, target, args)
     except KeyboardInterrupt:
         interrupted(target)
+    from questprof.results import append_rows
+
+    append_rows(target, [], job_seconds=time.perf_counter() - start)
     return target
 
 

@@ -1,0 +1,162 @@
+"""`questprof fidelity`: what each page size and budget keeps of dense attention, as result rows.
+
+Sources: synthetic caches shaped like a scenario's model, a real model's decode steps on
+passkey or natural-text prompts (GGUF file, transformers folder, 'smollm2', 'random:<shape>'),
+or a user's safetensors capture (docs/FIDELITY.md). Rows land in a results directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
+from questprof.core.reference import MODES
+from questprof.results import ResultsWriter, append_rows, load, now
+
+DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k"}
+DEFAULT_PAGE_SIZES = "8,16,32"
+DEFAULT_BUDGETS = "64,128,256,512,1024"
+DTYPES = ("fp32", "fp16")  # fp32: the cache as the captured model computed it
+
+
+def _needs(*modules: str) -> None:
+    """ConfigError naming the first missing package (pip install -e '.[fidelity]')."""
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            raise ConfigError(f"fidelity needs the package {name!r}: pip install -e '.[fidelity]'")
+
+
+def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
+    """A checked FidelityGrid from command-line text."""
+    from questprof.fidelity.evaluate import FidelityGrid
+    sizes = tuple(validate_page_size(s) for s in parse_sizes(page_sizes, "page sizes"))
+    tokens = tuple(parse_sizes(budgets, "budgets"))
+    for size in sizes:
+        for budget in tokens:
+            validate_budget(budget, size)
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bad = [m for m in chosen if m not in MODES] or ([] if chosen else ["(none)"])
+    if bad:
+        raise ConfigError(f"unknown selection mode {bad[0]!r}: expected some of {', '.join(MODES)}")
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    return FidelityGrid(sizes, tokens, chosen, dtype)
+
+
+def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
+                 lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
+                 depths: str = "0.1,0.5,0.9", dense_layers: int | None = None,
+                 dtype: str = "fp32", task: bool = True, seed: int = 0):
+    """A checked runner.Request from command-line values; ConfigError on bad input."""
+    from questprof.fidelity.runner import SOURCES, Request
+    if source not in SOURCES:
+        raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+    if steps < 1:
+        raise ConfigError(f"--steps {steps} must be at least 1")
+    if source == "cache" and not cache_path:
+        raise ConfigError("--source cache needs --cache FILE.safetensors")
+    _needs("torch", "safetensors", *(("transformers",) if source in ("passkey", "natural") else ()))
+    parts = [p.strip() for p in depths.split(",") if p.strip()]
+    try:
+        depth = tuple(float(p) for p in parts)
+    except ValueError:
+        raise ConfigError(f"--depths {depths!r}: expected fractions such as 0.1,0.5,0.9") from None
+    if not depth or not all(0.0 <= d <= 1.0 for d in depth):
+        raise ConfigError(f"--depths {depths!r}: each depth must be within 0..1")
+    sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
+    return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps, depth,
+                   _dense_layers(source, scenario, dense_layers), task, seed,
+                   scenario or "smoke", model_path or "smollm2", str(cache_path or ""))
+
+
+def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
+    """--dense-layers, else the scenario's (synthetic), else 2 (the Quest paper's)."""
+    if given is not None:
+        if given < 0:
+            raise ConfigError(f"--dense-layers {given} must be at least 0")
+        return given
+    if source == "synthetic":
+        from questprof.core.scenarios import load_scenario
+        return load_scenario(scenario or "smoke").model.dense_layers
+    return 2
+
+
+def _meta(request, backend, command: str, min_recall: float) -> dict:
+    from questprof.core.machine import git_commit, machine_info
+    return {"scenario": f"fidelity-{request.source}", "command": command, "started": now(),
+            "git_commit": git_commit(), "machine": machine_info(), "backend": backend.name,
+            "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
+            "fidelity": {"source": request.source, "model": request.model,
+                         "lengths": list(request.lengths), "steps": request.steps,
+                         "depths": list(request.depths), "dense_layers": request.dense_layers,
+                         "page_sizes": list(request.grid.page_sizes),
+                         "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
+                         "dtype": request.grid.dtype, "cache": request.cache_path}}
+
+
+def check_min_recall(min_recall: float) -> float:
+    if not 0.0 < min_recall <= 1.0:
+        raise ConfigError(f"--min-recall {min_recall} must be a fraction in (0, 1]")
+    return min_recall
+
+
+def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto",
+                 command: str = "questprof fidelity", log=print) -> Path:
+    """Measure `request` into out_dir (rows.jsonl, results.parquet, meta.json); returns out_dir."""
+    from questprof.backends import get_backend
+    from questprof.fidelity.runner import fidelity_rows
+    check_min_recall(min_recall)
+    backend = get_backend(backend_name)
+    out_dir = Path(out_dir)
+    started = time.perf_counter()
+    with ResultsWriter(out_dir, _meta(request, backend, command, min_recall)) as writer:
+        count = 0
+        for row in fidelity_rows(request, backend, log):
+            writer.append(row)
+            count += 1
+        writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
+    log(f"{count} rows in {time.perf_counter() - started:.1f} s")
+    return out_dir
+
+
+def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
+                            log=lambda msg: None) -> int:
+    """Add fidelity rows for the sweep's page sizes, budgets and modes to `target`.
+
+    from_dir: a fidelity results directory (a real model's, e.g. reports/example-smollm2-
+    fidelity) whose rows are copied; without it, synthetic caches of the scenario's shape at
+    the sweep's shortest length (at most 4k) are measured. Returns the number of rows added.
+    """
+    if from_dir is not None:
+        df, _ = load(from_dir)
+        rows = df[df["stage"].isin(("fidelity", "passkey"))].to_dict("records")
+        append_rows(target, rows, fidelity_from=str(from_dir))
+        return len(rows)
+    from questprof.fidelity.evaluate import FidelityGrid
+    from questprof.fidelity.runner import Request, fidelity_rows
+    sizes = tuple(sorted({c.page_size for c in configs}))
+    budgets = tuple(sorted({c.budget for c in configs}))
+    modes = tuple(dict.fromkeys(c.mode for c in configs))
+    length = min(min(c.length for c in configs), 4096)
+    grid = FidelityGrid(sizes, budgets, modes, "fp32")
+    request = Request("synthetic", grid, (length,), 4, dense_layers=scenario.model.dense_layers,
+                      scenario=str(scenario.path))
+    rows = list(fidelity_rows(request, backend, log))
+    append_rows(target, rows, fidelity={"source": "synthetic", "length": length})
+    return len(rows)
+
+
+def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
+    """The whole `questprof fidelity` from the CLI's values: returns the results directory."""
+    from datetime import datetime
+    request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
+                           args["lengths"], args["page_size"], args["budget"], args["mode"],
+                           args["steps"], args["depths"], args["dense_layers"], args["dtype"],
+                           args["task"], args["seed"])
+    check_min_recall(args["min_recall"])
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")
+    command = " ".join(["questprof", *argv])
+    return run_fidelity(request, args["min_recall"], target, args["backend"], command, log)
