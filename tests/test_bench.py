@@ -69,3 +69,13 @@ def test_goals_compare_with_targets():
     assert got[2] == (0.91, True)
     assert got[3][0] == pytest.approx(7.0) and got[3][1] is True
     assert got[4] == (None, None)  # no such row: not judged
+
+
+def test_overlap_gain_is_the_sum_of_stages_over_the_pipeline():
+    rows = _rows()
+    bench.add_speedups(rows)
+    ours = next(r for r in rows if r["stage"] == "quest" and r["impl"] == "ours")
+    assert ours["stages_sum_ms"] == pytest.approx((11 + 7 + 13) * 1e-3)
+    assert ours["overlap_gain"] == pytest.approx(31 / 31)
+    naive = next(r for r in rows if r["impl"] == "torch-naive")
+    assert "overlap_gain" not in naive

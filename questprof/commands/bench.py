@@ -67,6 +67,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
         backend, launch, layers, 3, repeats, graph, uses_torch=torch)
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
+    rows[STAGES.index("quest")]["pipeline"] = work.quest_path
     if with_peers:
         rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
                       layers, backend) for s, impl in PEERS]
@@ -83,14 +84,21 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
 
 
 def add_speedups(rows: list[dict]) -> None:
-    """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`."""
+    """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
+    our quest row also `stages_sum_ms` (its three stages timed apart) and `overlap_gain`
+    (that sum over the pipeline's time: what running them as one step saves)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
-    if not dense:
-        return
-    best = min(dense, key=lambda r: r["median_ms"])
+    parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
+             and r["stage"] in model.QUEST_STAGES and r.get("median_ms")}
     for r in rows:
-        if r["stage"] == "quest" and r.get("median_ms"):
+        if r["stage"] != "quest" or not r.get("median_ms"):
+            continue
+        if dense:
+            best = min(dense, key=lambda d: d["median_ms"])
             r["speedup"], r["dense_impl"] = best["median_ms"] / r["median_ms"], best["impl"]
+        if r.get("impl") == OURS and len(parts) == len(model.QUEST_STAGES):
+            r["stages_sum_ms"] = sum(parts.values())
+            r["overlap_gain"] = r["stages_sum_ms"] / r["median_ms"]
 
 
 def _matches(row: dict, case: dict) -> bool:
@@ -174,7 +182,8 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     df["us"] = df["median_ms"] * 1e3
     df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
-            "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "method"]
+            "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "overlap_gain",
+            "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))

@@ -160,6 +160,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
             opts.shared[key] = (timing, got)
         reason = DENSE_REASON if runs != stage else None
         got = {**got, **ncu.get((runs, impl), {})}
+        if runs == "quest":
+            got["pipeline"] = work.quest_path
         yield row(stage, impl, timing=timing, work=work.work(runs), reason=reason, **got)
     del work
     release(backend)

@@ -199,9 +199,17 @@ class Workload:
         """Calls of `stage` in one cold pass (launch(0) .. launch(calls - 1))."""
         return len(self.topk_scores) if stage == "topk" else self.layers
 
+    @property
+    def quest_path(self) -> str:
+        """How the backend runs the Quest step: its own pipeline's name, or 'composed'."""
+        return getattr(self.backend, "quest_path", None) or "composed"
+
     def quest(self, layer: int):
-        """One Quest step of a layer, estimate -> top-K -> sparse attention, launched as one."""
+        """One Quest step of a layer, estimate -> top-K -> sparse attention: the backend's own
+        pipeline where it has one (fused or overlapped stages), else the three launches."""
         b, kv, cfg = self.backend, self.kvs[layer], self.cfg
+        if hasattr(b, "quest"):
+            return b.quest(self.q, kv, cfg.k_pages, cfg.mode)
         sel, count = b.topk(b.estimate(self.q, kv, cfg.mode), kv, cfg.k_pages)
         return b.attention(self.q, kv, sel, count)
 
