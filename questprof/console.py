@@ -14,6 +14,8 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 from rich.table import Table
 
+from questprof.core.machine import INSTALL_GPU
+
 WIDE = 160  # columns when output goes to a file: Rich's 80 squeezed bench's table to "3…"
 
 
@@ -28,7 +30,6 @@ err = _console(stderr=True)
 PROGRESS_SECONDS = 10.0
 HEADERS = {"length": "L", "batch": "B", "page_size": "S", "dense_ms": "dense",
            "quest_ms": "quest", "rho_formula": "rho", "median_ms_a": "A ms", "median_ms_b": "B ms"}
-INSTALL_GPU = "pip install -e '.[cuda13,torch]'"  # what to do where no GPU stack is found
 
 
 def fmt(value, digits: int = 3) -> str:

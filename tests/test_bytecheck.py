@@ -9,7 +9,8 @@ from questprof.commands import bytes as bytecheck
 from questprof.commands import bytes_verdict as byterows
 from questprof.commands.bytes_verdict import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, judge, verdict
 from questprof.core import model
-from questprof.core.config import Config, config_from_dict, load_scenario
+from questprof.core.config import Config, config_from_dict
+from questprof.core.scenarios import load_scenario
 from questprof.workload.pools import Workload
 
 MIB = 1 << 20

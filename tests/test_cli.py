@@ -1,6 +1,7 @@
 """The command line through Typer's CliRunner: exit codes, one-line errors, files on disk."""
 
 import json
+import re
 import time
 
 import pytest
@@ -124,7 +125,7 @@ def test_report_and_compare(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for d in (a, b):
         assert run("sweep", "--scenario", "smoke", "--lengths", "2k", "--out", d,
-                   *FAST).exit_code == 0
+                   "--repeats", "5", "--warmup", "0").exit_code == 0
     (a / "report.html").unlink()
     assert run("report", a).exit_code == 0 and (a / "report.html").is_file()
     same = run("compare", a, a)
@@ -140,6 +141,17 @@ def test_report_and_compare(tmp_path):
     assert {json.loads(line)["verdict"] for line in as_json.stdout.splitlines()} == {"SLOWER"}
 
 
+def test_compare_of_two_cpu_runs_is_noisy_not_slower(tmp_path):
+    """Two back-to-back CPU runs once gave 4 SLOWER, 14 FASTER and exit 1."""
+    for d in ("a", "b"):
+        assert run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--backend", "numpy",
+                   "--out", tmp_path / d).exit_code == 0
+    result = run("compare", tmp_path / "a", tmp_path / "b")
+    assert result.exit_code == 0, result.output
+    assert "NOISY" in result.stdout and "SLOWER" not in result.stdout
+    assert "FASTER" not in result.stdout
+
+
 def test_report_and_compare_bad_directories(tmp_path):
     assert_one_line_error(run("report", tmp_path / "nope"))
     assert_one_line_error(run("sweep", "--resume", tmp_path / "nope"))
@@ -152,6 +164,66 @@ def test_doctor_lists_every_item():
     assert result.exit_code == 0
     for item in ("GPU", "driver", "CuPy", "CUPTI", "ncu", "NVML", "torch"):
         assert item in result.stdout
+
+
+def test_doctor_tries_a_real_cupti_session(monkeypatch):
+    """doctor runs a PM-sampling session in a child process and reports its failure text."""
+    import subprocess
+
+    from questprof.core import machine
+
+    said = "CUPTI configure: CUPTI_ERROR_INVALID_PARAMETER (1): configure failed"
+    children = []
+
+    def child(args, **kwargs):
+        children.append(args)
+        return subprocess.CompletedProcess(args, 1, stdout=said + "\n", stderr="")
+
+    monkeypatch.setattr(machine, "_dist_version", lambda *names: "13.4.0")
+    monkeypatch.setattr(machine.subprocess, "run", child)
+    status, detail = machine._probe(machine._doctor_cupti)
+    assert status is None and detail == f"cupti-python 13.4.0: a PM-sampling session failed: {said}"
+    assert children and children[0][1:] == ["-m", "questprof.measure.cupti"]
+
+
+def test_doctor_without_gpu_names_the_install_command(monkeypatch):
+    from questprof import console
+    from questprof.core import machine
+
+    def missing(why):
+        def probe():
+            raise machine.Missing(why)
+        return probe
+
+    monkeypatch.setattr(machine, "_cupy_version", missing("cupy not installed"))
+    monkeypatch.setattr(machine, "_cupy_device", missing("no CuPy"))
+    monkeypatch.setattr(machine, "_nvml_gpu", missing("no NVML"))
+    rows = {item: (status, detail) for item, status, detail in machine.doctor_rows()}
+    hint = f"; on a GPU machine: {console.INSTALL_GPU}"
+    assert rows["CuPy"] == ("missing", "cupy not installed" + hint)
+    assert rows["GPU"][0] == "missing" and rows["GPU"][1].endswith(console.INSTALL_GPU)
+    assert machine.INSTALL_GPU == console.INSTALL_GPU
+
+
+def _no_gpu():
+    from questprof.backends import gpu_unavailable_reason
+
+    return gpu_unavailable_reason() is not None
+
+
+
+
+@pytest.mark.parametrize("args", [("doctor",), ("bench", "--quick"),
+                                  ("bytes", "--scenario", "smoke", "--lengths", "4k",
+                                   "--budget", "512")])
+def test_without_gpu_doctor_bench_and_bytes_name_the_install_command(args):
+    from questprof import console
+
+    if not _no_gpu():
+        pytest.skip("this machine has a GPU")
+    result = run(*args)
+    flat = re.sub(r"[\s│┃]", "", result.output)  # Rich wraps table cells at 80 columns
+    assert re.sub(r"\s", "", console.INSTALL_GPU) in flat, result.output
 
 
 def test_bytes_without_gpu_says_so_with_its_own_status():
@@ -174,6 +246,7 @@ def test_bytes_bench_and_extras_bad_input(args, tmp_path):
 
 
 def test_sweep_with_e2e_adds_measured_steps(tmp_path):
+    pytest.importorskip("torch")  # the end-to-end decoder is torch
     out_dir = tmp_path / "run"
     result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--backend", "numpy",
                  "--e2e", "--e2e-budget", "512", "--out", str(out_dir))

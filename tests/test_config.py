@@ -6,8 +6,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from questprof.core import config
-from questprof.core.config import ConfigError, ModelShape, expand, load_scenario, parse_sizes
+from questprof.core import config, scenarios
+from questprof.core.config import ConfigError, ModelShape, parse_sizes
+from questprof.core.scenarios import expand, load_scenario
 
 K = 1024
 
@@ -109,7 +110,7 @@ def test_config_validates_its_point():
 @pytest.mark.parametrize("name", ["longchat-7b", "llama3-8b", "smoke"])
 def test_shipped_scenarios_load(name):
     scenario = load_scenario(name)
-    assert name in config.list_scenarios()
+    assert name in scenarios.list_scenarios()
     assert scenario.name == name and scenario.model.name == name
     assert expand(scenario)
 
@@ -133,7 +134,7 @@ def test_unknown_scenario_lists_the_available_ones():
     assert "not found" in one_line_error(load_scenario, "/nonexistent/x.toml")
 
 
-SMOKE_TEXT = (config.SCENARIOS_DIR / "smoke.toml").read_text()
+SMOKE_TEXT = (scenarios.SCENARIOS_DIR / "smoke.toml").read_text()
 
 
 def write(tmp_path, text, name="mine.toml"):

@@ -12,7 +12,7 @@ from questprof.commands import e2e  # noqa: E402
 from questprof.workload import decoder  # noqa: E402
 from questprof.core import model
 from questprof.backends.numpy import NumpyBackend  # noqa: E402
-from questprof.core.config import load_scenario  # noqa: E402
+from questprof.core.scenarios import load_scenario  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """Measurement helpers without a GPU: ncu CSV parsing on real H200 output, availability probes."""
 
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -73,11 +75,78 @@ def test_availability_never_raises():
         assert ok or (isinstance(why, str) and why)
 
 
-def test_nvml_snapshot_has_every_field():
+class FakeNvml(types.ModuleType):
+    """pynvml with one device at known clocks, power, memory and throttle mask; calls named in
+    `failing` raise NVMLError."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, failing=()):
+        super().__init__("pynvml")
+        self.failing = set(failing)
+
+    def _answer(self, name, value):
+        if name in self.failing:
+            raise self.NVMLError("Not Supported")
+        return value
+
+    def nvmlInit(self):
+        return self._answer("nvmlInit", None)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self._answer("handle", f"gpu{index}")
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        return self._answer("handle", "gpu0")
+
+    def nvmlDeviceGetClockInfo(self, handle, kind):
+        return self._answer(f"clock{kind}", {1: 1980, 2: 3201}[kind])
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return self._answer("power", 351_500)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return self._answer("memory", types.SimpleNamespace(used=7 << 30))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self._answer("reasons", 0x1 | 0x4)
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    def install(failing=()):
+        nvml._init.cache_clear()
+        monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(failing))
+        monkeypatch.setitem(sys.modules, "cupy", None)  # NVML's device 0, not CuPy's bus id
+    yield install
+    nvml._init.cache_clear()
+
+
+def test_nvml_snapshot_reads_every_field(fake_nvml):
+    fake_nvml()
     snap = nvml.snapshot()
-    for key in ("sm_clock_mhz", "mem_clock_mhz", "power_w", "memory_used_bytes", "throttled"):
-        assert key in snap
-    assert nvml.available()[0] or snap["unavailable"]
+    assert snap == {"sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "power_w": 351.5,
+                    "memory_used_bytes": 7 << 30, "reasons": ["sw_power_cap", "gpu_idle"],
+                    "throttled": True, "unavailable": {}}
+
+
+def test_nvml_snapshot_names_what_nvml_cannot_give(fake_nvml):
+    fake_nvml(failing={"power", "reasons"})
+    snap = nvml.snapshot()
+    assert snap["power_w"] is None and snap["throttled"] is None and snap["reasons"] == []
+    assert snap["sm_clock_mhz"] == 1980
+    assert set(snap["unavailable"]) == {"power_w", "reasons", "throttled"}
+    assert "nvmlDeviceGetPowerUsage: Not Supported" in snap["unavailable"]["power_w"]
+
+
+def test_nvml_snapshot_without_nvml(fake_nvml):
+    fake_nvml(failing={"nvmlInit"})
+    snap = nvml.snapshot()
+    assert snap["sm_clock_mhz"] is None and snap["reasons"] == []
+    assert "nvmlInit: Not Supported" in snap["unavailable"]["all"]
 
 
 def test_throttle_reasons():
@@ -121,10 +190,84 @@ def test_cupti_error_text_keeps_status():
         cupti._check("decode", lambda: (_ for _ in ()).throw(Fake("boom")))
 
 
+class FakeCollector:
+    """cupti.pm_sampling.Collector that records its calls; `fails` names the one that raises."""
+
+    calls: list = []
+    fails: str | None = None
+
+    def __init__(self, device_index):
+        self.calls.clear()
+
+    def _step(self, name, value=None):
+        self.calls.append(name)
+        if name == self.fails:
+            raise RuntimeError(f"{name}: CUPTI_ERROR_INVALID_PARAMETER")
+        return value
+
+    def enable(self):
+        return self._step("enable")
+
+    def disable(self):
+        return self._step("disable")
+
+    def configure(self, **kwargs):
+        return self._step("configure")
+
+    def start(self):
+        return self._step("start")
+
+    def stop(self):
+        return self._step("stop")
+
+    def decode(self, max_samples):
+        return self._step("decode", Samples())
+
+
+class Samples(list):
+    """A decoded window with no samples."""
+
+    num_populated_samples = num_completed_samples = 0
+
+
+@pytest.fixture
+def fake_cupti(monkeypatch):
+    """A visible device (fake CuPy) and a fake cupti-python; no torch to initialise CUDA."""
+    device = types.SimpleNamespace(id=0, synchronize=lambda: None)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1), Device=lambda: device),
+        zeros=lambda n: None)
+    package, sampling = types.ModuleType("cupti"), types.ModuleType("cupti.pm_sampling")
+    sampling.Collector, package.pm_sampling = FakeCollector, sampling
+    for name, module in (("cupy", cupy), ("cupti", package), ("cupti.pm_sampling", sampling),
+                         ("torch", None)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(cupti, "PAD_INTERVALS", 0)
+    monkeypatch.setattr(cupti, "_configured", {})
+    monkeypatch.setattr(cupti.atexit, "register", lambda fn: None)
+    cupti._collector.cache_clear()
+    yield FakeCollector
+    FakeCollector.fails = None
+    cupti._collector.cache_clear()
+
+
+def test_cupti_available_runs_a_real_session(fake_cupti):
+    assert cupti.available() == (True, None)
+    assert fake_cupti.calls == ["enable", "configure", "start", "stop", "decode"]
+
+
+def test_cupti_available_reports_a_failing_configure(fake_cupti):
+    fake_cupti.fails = "configure"
+    works, why = cupti.available()
+    assert not works
+    assert why.startswith("CUPTI configure: ") and "CUPTI_ERROR_INVALID_PARAMETER" in why
+
+
 def test_stage_fixture_against_the_model():
     """ncu on the CuPy stages, llama3-8b L=16K B=1 S=16 budget 1024 per-head (H200, 2026)."""
     from questprof.core import model
-    from questprof.core.config import Config, load_scenario
+    from questprof.core.config import Config
+    from questprof.core.scenarios import load_scenario
 
     groups = ncu.split_by_marker(
         ncu.parse_csv((FIXTURES / "ncu_stages_h200.csv").read_text()), "ceilings_read")

@@ -225,3 +225,120 @@ def test_context_parallel_section(tmp_path):
     assert [r[5] for r in rows] == list(phases) and rows[1][6] == "20.0" and rows[0][7] == "25.0%"
     assert rows[0][8] == "0.600" and rows[0][0] == "2"
     assert plot_ids(text) == plot_ids(write_report(df, META, tmp_path / "r2.html").read_text())
+
+
+def test_crossover_leaves_out_dense_budget_points():
+    """At budget >= length Quest is dense and ties with it: 'beats from' and the interpolation
+    must not lean on that point (it put '≈ 2.0k' beside 'from 4k' at budget 2k)."""
+    curve = pd.DataFrame({"length": [2048, 4096, 8192], "budget": 2048,
+                          "speedup": [0.98, 1.3, 1.8]})
+    found = frames.crossover(curve)
+    assert (found["kind"], found["length"], found["estimate"]) == ("always", 4096, None)
+    assert found["text"] == "Quest wins from the shortest length above the budget (4k)"
+    curve["speedup"] = [0.98, 0.9, 1.8]
+    found = frames.crossover(curve)
+    assert (found["kind"], found["length"]) == ("from", 8192)
+    assert 4096 < found["estimate"] < 8192
+    dense_only = frames.crossover(curve[curve["length"] == 2048])
+    assert dense_only["kind"] == "none" and "Quest is dense" in dense_only["text"]
+
+
+def test_crossover_table_agrees_with_its_interpolation(tmp_path):
+    """Batch 1, page 16, budget 2k: at 2k Quest is dense and loses by noise; it wins from 4k.
+    The table said 'from 4k' beside '≈ 2.0k'; both columns must now tell one story."""
+    df = synthetic(batches=(1,), page_sizes=(16,), budgets=(512, 2048))
+    curve = df["budget"] == 2048
+    dense_ms = df[curve & (df["stage"] == "dense")].set_index("length")["median_ms"]
+    quest = curve & (df["stage"] == "quest")
+    df.loc[quest, "median_ms"] = [dense_ms[n] * (1.01 if n == 2048 else 0.6)
+                                  for n in df.loc[quest, "length"]]
+    rows = table_rows(write_report(df, META, tmp_path / "r.html").read_text(), "crossover-table")
+    row = next(r for r in rows if r[2:4] == ["16", "2k"])
+    assert row[4:] == ["Quest wins from the shortest length above the budget (4k)", "–"]
+    for *_, budget, beats, about in rows:
+        if about != "–":  # an interpolation lies above the budget and below the length named
+            budget_t = int(budget.removesuffix("k")) * (1024 if budget.endswith("k") else 1)
+            about_t = float(about.removeprefix("≈ ").removesuffix("k")) * 1024
+            assert budget_t < about_t < int(beats.removesuffix("k")) * 1024, (budget, beats, about)
+
+
+def memory_skipped(need_free):
+    """Skipped rows of one cause whose memory figures differ row to row."""
+    df = synthetic(lengths=[4096 * 2**i for i in range(len(need_free))], batches=(8,),
+                   page_sizes=(16,), budgets=(512,))
+    df["status"], df["reason"] = "skipped", "does not fit in host memory"
+    for i, (need, free) in enumerate(need_free):
+        df.loc[df["length"] == 4096 * 2**i, ["need_gib", "free_gib"]] = need, free
+    return df
+
+
+def test_skipped_rows_group_by_cause_with_figures_in_columns(tmp_path):
+    df = memory_skipped([(24.8, 20.1), (102.1, 20.1), (9.5, 20.1)])
+    dense = synthetic(lengths=[2048], batches=(1,), page_sizes=(16,), budgets=(2048,))
+    dense.loc[dense["stage"] != "dense", ["status", "reason"]] = ("skipped", "budget >= length")
+    table = frames.skipped(pd.concat([df, dense], ignore_index=True))
+    assert list(table["reason"]) == ["does not fit in host memory", "budget >= length"]
+    memory = table.iloc[0]
+    assert memory["rows"] == len(df) and memory["lengths"] == "4k, 8k, 16k"
+    assert (memory["need GiB"], memory["free GiB"]) == ("9.5–102.1", "20.1")
+    assert table.iloc[1]["need GiB"] == "–"
+    text = write_report(df, META, tmp_path / "r.html").read_text()
+    rows = table_rows(text, "skipped-table")
+    assert len(rows) == 1 and rows[0][0] == "does not fit in host memory"
+    assert rows[0][-2:] == ["9.5–102.1", "20.1"]
+
+
+def test_skipped_values_sort_as_numbers():
+    df = memory_skipped([(1.0, 2.0), (1.0, 2.0), (1.0, 2.0), (1.0, 2.0)])
+    df["budget"] = df["length"].map({4096: 512, 8192: 4096, 16384: 1024, 32768: 20480})
+    assert frames.skipped(df).iloc[0]["budgets"] == "512, 1k, 4k, 20k"
+
+
+def with_bytes(df: pd.DataFrame, off: dict) -> pd.DataFrame:
+    """df with the measured read of the rows matching `off` (column: value) scaled by 1.2."""
+    df = df.copy()
+    hit = np.logical_and.reduce([df[k] == v for k, v in off.items()])
+    df.loc[hit, "measured_read_bytes"] *= 1.2 / 1.04
+    return df
+
+
+def test_bytes_section_flags_rows_off_the_model(tmp_path):
+    df = synthetic(lengths=[8192, 32768], batches=(1,), page_sizes=(16,), budgets=(512, 2048))
+    df = with_bytes(df, {"stage": "attention", "length": 32768, "budget": 2048})
+    text = write_report(df, META, tmp_path / "r.html").read_text()
+    assert "by more than 5%" in text and "<code>cupti</code>" in text
+    off = table_rows(text, "bytes-off-table")
+    assert [(r[0], r[1], r[4], r[8]) for r in off] == [("attention", "32k", "2k", "1.200")]
+    assert '<tr class="off">' in text
+    per_kernel = {r[0]: r for r in table_rows(text, "bytes-table")}
+    assert per_kernel["attention"][5] == "1" and per_kernel["dense"][5] == "0"
+    assert {"bytes", "rho"} <= set(plot_ids(text))
+
+
+def test_measured_rho_for_every_configuration():
+    from questprof.report import hardware
+
+    df = synthetic(lengths=[8192, 32768], batches=(1, 4), page_sizes=(16, 32), budgets=(512, 2048))
+    rho = hardware.measured_rho(df)
+    assert len(rho) == 2 * 2 * 2 * 2  # batches x page sizes x budgets x lengths
+    one = df[(df["batch"] == 4) & (df["page_size"] == 32) & (df["budget"] == 512)
+             & (df["length"] == 32768)].set_index("stage")["measured_read_bytes"]
+    expected = (one["estimate"] + one["topk"] + one["attention"]) / one["dense"]
+    got = rho.set_index(["batch", "page_size", "budget", "length"]).loc[(4, 32, 512, 32768)]
+    assert got["measured_rho"] == pytest.approx(expected)
+
+
+def test_peers_bytes_are_shown_not_judged(tmp_path):
+    df = synthetic(lengths=[8192], batches=(1,), page_sizes=(16,), budgets=(512,))
+    sdpa = df[df["stage"] == "dense"].assign(impl="torch-sdpa")
+    sdpa["measured_read_bytes"] *= 3  # far off our model: still no flag
+    text = write_report(pd.concat([df.assign(impl="ours"), sdpa], ignore_index=True), META,
+                        tmp_path / "r.html").read_text()
+    assert "bytes-off-table" not in text and "within 5% of the model" in text
+    assert "rows of peers (torch-sdpa) carry measured bytes" in text
+
+
+def test_no_measured_bytes_says_why(tmp_path):
+    meta = {**META, "bytes": {"source": None, "reason": "the numpy backend runs on the CPU"}}
+    text = write_report(synthetic(measured=False), meta, tmp_path / "r.html").read_text()
+    assert "did not measure DRAM bytes (the numpy backend runs on the CPU)" in text

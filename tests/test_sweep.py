@@ -11,7 +11,7 @@ from questprof.backends.numpy import NumpyBackend
 from questprof.commands import sweep
 from questprof.commands.sweep import Options
 from questprof.core import model
-from questprof.core.config import expand, load_scenario
+from questprof.core.scenarios import expand, load_scenario
 from questprof.workload import pools
 
 

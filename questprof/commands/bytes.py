@@ -231,14 +231,14 @@ def bytes_command(args: dict, out_dir, json_out, argv) -> int:
     """The whole `questprof bytes`: measure, print, write; returns the exit status."""
     from questprof import console
     from questprof.commands.bytes_verdict import EXIT_NO_SOURCE, table
-    from questprof.commands.sweep_job import configs_of
+    from questprof.core.scenarios import configs_from_args
     from questprof.core.config import ConfigError
 
     if args["source"] not in (*SOURCES, "all"):
         raise ConfigError(f"--source {args['source']!r}: expected cupti, ncu, nvml or all")
     if args["protocol"] not in PROTOCOLS:
         raise ConfigError(f"--protocol {args['protocol']!r}: expected rotate or flush")
-    _, configs = configs_of(args)
+    _, configs = configs_from_args(args)
     result = run_check(configs, args["source"], args["tolerance"],
                        log=lambda line: console.err.print(line, highlight=False),
                        protocol=args["protocol"])
@@ -259,5 +259,5 @@ def bytes_command(args: dict, out_dir, json_out, argv) -> int:
         console.out.print(table(result), highlight=False)
     else:
         how = "" if result.status != EXIT_NO_SOURCE else f"; on a GPU machine: {console.INSTALL_GPU}"
-        console.err.print(" ".join(result.lines) + how, highlight=False)
+        console.err.print(" ".join(result.lines) + how, highlight=False, markup=False)
     return result.status

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from questprof import console
 from questprof.core.config import ConfigError
+from questprof.core.scenarios import configs_from_args
 
 DEFAULTS = {"scenario": "longchat-7b", "backend": "auto", "graph": True, "bytes_source": "auto",
             "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1, "fidelity": False}
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
-TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}  # is_gpu -> (repeats, warmup)
+# is_gpu -> (repeats, warmup); 5 on the CPU: results.compare calls fewer passes too noisy to judge
+TIMING_DEFAULTS = {True: (20, 3), False: (5, 0)}
 # Seconds per configuration seen on the reference machines, for the announcement of a sweep:
 # H200 longchat-7b 168 configurations in 51 s; 2-core CPU the same grid in 7.5 min.
 SECONDS_PER_CONFIG = {True: 0.3, False: 2.7}
@@ -33,21 +35,6 @@ def resolve_args(resume: Path | None, given: dict) -> dict:
         first = results.load(resume)[1].get("args", {})
     merged = {k: v if v is not None else first.get(k) for k, v in given.items()}
     return {k: v if v is not None else DEFAULTS.get(k) for k, v in merged.items()}
-
-
-def configs_of(args: dict):
-    """(scenario, configurations) for the sweep's arguments."""
-    from questprof.core.scenarios import expand, load_scenario
-
-    for name in ("layers", "repeats", "warmup"):
-        least = 0 if name == "warmup" else 1
-        if args.get(name) is not None and args[name] < least:
-            raise ConfigError(f"--{name} {args[name]} must be at least {least}")
-    scenario = load_scenario(args["scenario"])
-    modes = args["mode"].split(",") if args.get("mode") else None
-    configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
-                     page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes)
-    return scenario, configs
 
 
 def check_extras(args: dict, backend) -> None:
@@ -181,7 +168,7 @@ def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) 
     from questprof.backends import get_backend
 
     args = resolve_args(resume, given)
-    scenario, configs = configs_of(args)
+    scenario, configs = configs_from_args(args)
     backend = get_backend(args["backend"])
     args["e2e_default"] = args["e2e"] is None
     args["e2e"] = backend.is_gpu if args["e2e"] is None else args["e2e"]

@@ -10,11 +10,15 @@ import importlib.metadata
 import platform
 import shutil
 import subprocess
+import sys
 from typing import Callable
 
 from questprof import ROOT
 
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the L2 size cannot be read from the device
+INSTALL_GPU = "pip install -e '.[cuda13,torch]'"  # what to do where no GPU stack is found
+NEEDS_INSTALL = ("GPU", "CuPy", "CUPTI", "torch")  # missing items the extras install
+CUPTI_PROBE_SECONDS = 120  # a probe process: imports, context, one configure (~2 s on an H200)
 
 
 class Missing(Exception):
@@ -153,10 +157,20 @@ def _doctor_cupy() -> str:
 
 
 def _doctor_cupti() -> str:
-    version = _dist_version("cupti-python")
-    import cupti  # noqa: F401 - importable is what the CUPTI byte counter needs
+    """A real PM-sampling session (configure, start, stop, decode) in a fresh process.
 
-    return f"cupti-python {version}"
+    Fresh, because CUPTI allows one collector per process and configure failed on an H200 in
+    every process where CuPy had created the context first (measure/cupti.py), as this
+    process's CuPy probe does. By module name, so core imports nothing from measure/.
+    """
+    version = _dist_version("cupti-python")
+    done = subprocess.run([sys.executable, "-m", "questprof.measure.cupti"], capture_output=True,
+                          text=True, timeout=CUPTI_PROBE_SECONDS)
+    lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    said = lines[-1] if lines else f"exit status {done.returncode}, no output"
+    if done.returncode != 0:
+        raise Missing(f"cupti-python {version}: a PM-sampling session failed: {said}")
+    return f"cupti-python {version}: {said}"
 
 
 def _doctor_ncu() -> str:
@@ -192,9 +206,14 @@ DOCTOR_PROBES: tuple[tuple[str, Callable[[], str]], ...] = (
 
 
 def doctor_rows() -> list[tuple[str, str, str]]:
-    """(item, 'ok' | 'missing', version or reason) for each item questprof can use."""
+    """(item, 'ok' | 'missing', version or reason) for each item questprof can use; a missing
+    item that the CUDA extras install names the install command."""
     rows = []
     for item, probe in DOCTOR_PROBES:
         value, why = _probe(probe)
-        rows.append((item, "ok", str(value)) if why is None else (item, "missing", why))
+        if why is None:
+            rows.append((item, "ok", str(value)))
+            continue
+        hint = f"; on a GPU machine: {INSTALL_GPU}" if item in NEEDS_INSTALL else ""
+        rows.append((item, "missing", why + hint))
     return rows

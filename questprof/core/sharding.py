@@ -1,14 +1,17 @@
 """Context-parallel Quest: each request's pages split across ranks by position.
 
-A decode step in four phases, two of them collectives (an all-gather each):
-  1. candidates: local estimate, then the local top-(K+1) with the local tail forced, which
-     contains the local top-K; positions made global.
+A decode step in four phases and two all-gathers, every phase a pure function of backend arrays
+(no host synchronisation, no branch on device values), so one rank's step is one CUDA graph:
+  1. candidates: local estimate, then the local top-(K+1) (the local tail is forced, so K + 1
+     pages contain the local top-K), written with their scores into the send buffer.
   2. select: every rank scatters all ranks' candidates into a global score row (-inf elsewhere)
      and runs the ordinary top-K on it: exactly the single-device selection, since the global
      top-K takes at most K pages from any one rank and those are that rank's local top-K.
   3. partial: attention over the selected pages this rank holds -> (out, lse).
   4. merge: out = sum_r exp(lse_r - lse) out_r with lse = logsumexp_r lse_r.
-The cheap variant skips phase 2: each rank keeps its own K/N best pages (`local_only`).
+The cheap variant skips phases 1-2: each rank keeps its own K/N best pages (`local_only`).
+`comm` is any object with send(shape, dtype) -> the array to fill, and all_gather(x) ->
+[W, *x.shape] (torch.distributed on ranks, a stack in one process: `LocalComm`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ def shard_bounds(pages, world: int, rank: int) -> Shard:
 
 
 def local_kv(kv: PagedKV, shard: Shard) -> PagedKV:
-    """The rank's own pool: only its pages, renumbered 0..n-1, with local tables (host)."""
+    """The rank's own pool: only its pages, renumbered 0..n-1, with local tables (host tables;
+    the pool stays where kv's is). kv's tables must be host arrays."""
     indptr = np.asarray(kv.kv_indptr)
     ids = np.concatenate([kv.kv_indices[indptr[b] + shard.lo[b]: indptr[b] + shard.hi[b]]
                           for b in range(kv.batch)]).astype(np.int32)
@@ -55,7 +59,8 @@ def local_kv(kv: PagedKV, shard: Shard) -> PagedKV:
     full = np.asarray(kv.pages())
     last = np.where(shard.hi == full, kv.last_page_len, kv.page_size).astype(np.int32)
     lengths = tuple(int(n) for n in np.maximum((counts - 1) * kv.page_size + last, 0))
-    return PagedKV(kv.k[ids], kv.v[ids], kv.summary[ids],
+    take = _xp(kv.k).asarray(ids)
+    return PagedKV(kv.k[take], kv.v[take], kv.summary[take],
                    np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
                    np.arange(len(ids), dtype=np.int32), last, lengths, kv.page_size, kv.dtype)
 
@@ -65,60 +70,178 @@ def tables_only(kv: PagedKV) -> PagedKV:
     return kv.with_arrays(lambda a: a[:1] if a.ndim == 4 else a)
 
 
-def candidates(backend, q, kv_local: PagedKV, shard: Shard, k_pages: int, mode: str):
-    """Phase 1: (pos [Hs, B, K+1] int32 global positions or -1, score [Hs, B, K+1] float32)."""
-    scores = backend.estimate(q, kv_local, mode)
-    sel, _ = backend.topk(scores, kv_local, k_pages + 1)
-    xp = _xp(scores)
-    lo = backend.asarray(shard.lo.astype(np.int32))[None, :, None]
-    start = kv_local.kv_indptr[:-1][None, :, None]
-    flat = xp.clip(start + sel, 0, max(scores.shape[1] - 1, 0))
-    heads = xp.arange(scores.shape[0])[:, None, None]
-    score = scores[heads, flat] if scores.shape[1] else xp.zeros(sel.shape, np.float32)
-    ok = sel >= 0
-    return xp.where(ok, sel + lo, -1).astype(np.int32), xp.where(ok, score, -np.inf).astype(np.float32)
+@dataclass(frozen=True)
+class StepPlan:
+    """What one rank's step needs besides the layer's pool, built once (backend arrays).
+
+    glob: global tables (placeholder pool) for the global top-K; lo, hi [1, B, 1] this rank's
+    page range; row_off [Hs, B, 1] flat offset of each local score row; base [W, Hs, B, 1]
+    flat offset into the global score row of each rank's local position 0; row_k [Hs, B, 1]
+    flat offset of each selection row; arange [K].
+    """
+
+    glob: PagedKV
+    world: int
+    heads: int
+    k_pages: int
+    mode: str
+    lo: object
+    hi: object
+    row_off: object
+    base: object
+    row_k: object
+    arange: object
+
+    @property
+    def dummy(self) -> int:
+        """Flat index of the global score row's spare slot, where padding candidates land."""
+        return self.heads * int(self.glob.kv_indices.size)
+
+    @property
+    def candidate_shape(self) -> tuple:
+        return (2, self.heads, self.glob.batch, self.k_pages + 1)
 
 
-def select(backend, pos, score, kv: PagedKV, k_pages: int):
-    """Phase 2 from gathered candidates [W, Hs, B, K+1]: the exact global (sel, count)."""
-    xp = _xp(score)
-    heads = pos.shape[1]
-    glob = xp.full((heads, int(kv.kv_indptr[-1])), -np.inf, dtype=np.float32)
-    flat = kv.kv_indptr[:-1][None, None, :, None] + pos
-    h = xp.broadcast_to(xp.arange(heads)[None, :, None, None], pos.shape)
-    ok = pos >= 0
-    glob[h[ok], flat[ok]] = score[ok]
-    return backend.topk(glob, kv, k_pages)
+def make_plan(backend, kv: PagedKV, kv_local: PagedKV, shard: Shard, heads: int,
+              k_pages: int, mode: str) -> StepPlan:
+    """The StepPlan of `shard`; kv (global) and kv_local (from local_kv) with host tables."""
+    shards = [shard_bounds(kv.pages(), shard.world, r) for r in range(shard.world)]
+    h = np.arange(heads)[:, None, None]
+    nnz, local_nnz = int(np.asarray(kv.kv_indptr)[-1]), int(np.asarray(kv_local.kv_indptr)[-1])
+    lo_all = np.stack([s.lo for s in shards])[:, None, :, None]
+    base = h[None] * nnz + np.asarray(kv.kv_indptr)[:-1][None, None, :, None] + lo_all
+    row_k = (h * kv.batch + np.arange(kv.batch)[None, :, None]) * k_pages
+    arrays = dict(lo=shard.lo[None, :, None], hi=shard.hi[None, :, None],
+                  row_off=h * local_nnz + np.asarray(kv_local.kv_indptr)[:-1][None, :, None],
+                  base=base, row_k=row_k, arange=np.arange(k_pages))
+    put = {k: backend.asarray(np.ascontiguousarray(v, dtype=np.int32)) for k, v in arrays.items()}
+    return StepPlan(backend.put(tables_only(kv)), shard.world, heads, k_pages, mode, **put)
 
 
-def partial(backend, q, kv_local: PagedKV, shard: Shard, sel, count):
-    """Phase 3: attention over the selected pages held here -> (out, lse) of this rank."""
+def candidates(backend, q, kv_local: PagedKV, plan: StepPlan, send) -> None:
+    """Phase 1 into send [2, Hs, B, K+1] float32: the local top-(K+1) scores, then their local
+    positions as int32 bits (-1 padded; a padding slot's score is never read)."""
+    scores = backend.estimate(q, kv_local, plan.mode)
+    sel, _ = backend.topk(scores, kv_local, plan.k_pages + 1)
     xp = _xp(sel)
-    lo = backend.asarray(shard.lo.astype(np.int32))[None, :, None]
-    hi = backend.asarray(shard.hi.astype(np.int32))[None, :, None]
-    taken = xp.arange(sel.shape[2])[None, None, :] < count[None, :, None]
-    mine = taken & (sel >= lo) & (sel < hi)
-    order = xp.argsort(~mine, axis=-1)  # any order: attention does not depend on page order
-    local = xp.take_along_axis(xp.where(mine, sel - lo, -1), order, axis=-1).astype(np.int32)
-    return backend.attention(q, kv_local, local, mine.sum(axis=-1).astype(np.int32))
+    if scores.size:  # a shape, not a device value: no rank holds zero pages at real sizes
+        xp.take(scores.reshape(-1), plan.row_off + sel, out=send[0])
+    send[1].view(np.int32)[...] = sel
 
 
-def merge(out, lse, dtype: str):
+def select(backend, gathered, plan: StepPlan):
+    """Phase 2 from gathered candidates [W, 2, Hs, B, K+1]: the exact global (sel, count)."""
+    xp = _xp(gathered)
+    pos = gathered.view(np.int32)[:, 1]
+    flat = xp.where(pos >= 0, plan.base + pos, plan.dummy)
+    glob = xp.full(plan.dummy + 1, -np.inf, dtype=np.float32)
+    glob[flat] = gathered[:, 0]  # one scatter; only the spare slot is written twice
+    return backend.topk(glob[:-1].reshape(plan.heads, -1), plan.glob, plan.k_pages)
+
+
+def partial(backend, q, kv_local: PagedKV, plan: StepPlan, sel, count):
+    """Phase 3: attention over the selected pages held here -> (out, lse) of this rank.
+
+    sel rows ascend, so a rank's pages are one run of each row: it starts after the count[b]
+    - (picks >= lo) picks below lo and holds (picks >= lo) - (picks >= hi) pages; no sort."""
+    xp = _xp(sel)
+    from_lo = (sel >= plan.lo).sum(axis=-1)
+    held = (from_lo - (sel >= plan.hi).sum(axis=-1)).astype(np.int32)
+    first = count[None, :] - from_lo
+    at = xp.minimum(first[..., None] + plan.arange, plan.k_pages - 1) + plan.row_k
+    local = xp.take(sel.reshape(-1), at) - plan.lo
+    return backend.attention(q, kv_local, local, held)
+
+
+def pack(comm, out, lse, dtype: str):
+    """This rank's partial as one send buffer [B, Hq, d+1] float32: out, then lse."""
+    send = comm.send((*out.shape[:2], out.shape[2] + 1), np.float32)
+    send[..., :-1] = to_float32(out, dtype, _xp(lse)) if dtype == "bf16" else out
+    send[..., -1] = lse
+    return send
+
+
+def merge(out, lse):
     """Phase 4 from gathered partials out [W, B, Hq, d], lse [W, B, Hq]: float32 (out, lse)."""
     xp = _xp(lse)
-    out = to_float32(out, dtype, xp)
     top = lse.max(axis=0)
     safe = xp.where(xp.isfinite(top), top, 0)
     w = xp.exp(lse - safe[None])
     total = w.sum(axis=0)
     merged = (w[..., None] * out).sum(axis=0) / total[..., None]
-    return merged.astype(np.float32), (safe + xp.log(total)).astype(np.float32)
+    return merged.astype(np.float32, copy=False), (safe + xp.log(total)).astype(np.float32)
 
 
 def to_float32(x, dtype: str, xp):
     if dtype == "bf16" and x.dtype == np.uint16:
         return (x.astype(np.uint32) << 16).view(np.float32)
-    return x.astype(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def exact_step(backend, comm, q, kv_local: PagedKV, plan: StepPlan):
+    """One rank's exact decode step of a layer: float32 (out [B, Hq, d], lse [B, Hq]) over the
+    whole cache, and the global (sel [Hs, B, K], count [B])."""
+    send = comm.send(plan.candidate_shape, np.float32)
+    candidates(backend, q, kv_local, plan, send)
+    sel, count = select(backend, comm.all_gather(send), plan)
+    out, lse = partial(backend, q, kv_local, plan, sel, count)
+    parts = comm.all_gather(pack(comm, out, lse, kv_local.dtype))
+    out, lse = merge(parts[..., :-1], parts[..., -1])
+    return out, lse, sel, count
+
+
+def cheap_step(backend, comm, q, kv_local: PagedKV, plan: StepPlan):
+    """The variant without the candidate collective: K // N local pages, then the merge. The
+    local Quest step is the backend's own pipeline where it has one (as Workload.quest)."""
+    keep = max(plan.k_pages // plan.world, 1)
+    if hasattr(backend, "quest"):
+        out, lse = backend.quest(q, kv_local, keep, plan.mode)
+    else:
+        sel, count = backend.topk(backend.estimate(q, kv_local, plan.mode), kv_local, keep)
+        out, lse = backend.attention(q, kv_local, sel, count)
+    parts = comm.all_gather(pack(comm, out, lse, kv_local.dtype))
+    return merge(parts[..., :-1], parts[..., -1])
+
+
+def step_goal_ms(single_ms, gather_ms, world: int):
+    """Issue 15's bound on the step per layer: 1.5 x (single-GPU step / N + one all-gather's
+    device time), in ms; None when either time is missing."""
+    if single_ms is None or gather_ms is None:
+        return None
+    return 1.5 * (single_ms / world + gather_ms)
+
+
+class LocalComm:
+    """A world of one in this process (xp: numpy or cupy): all_gather is a stack of one."""
+
+    world, rank = 1, 0
+
+    def __init__(self, xp=np):
+        self.xp = xp
+
+    def send(self, shape, dtype):
+        return self.xp.empty(shape, dtype)
+
+    def all_gather(self, x):
+        return x[None]
+
+
+def simulate(backend, q, kv: PagedKV, k_pages: int, world: int, mode: str = "per-head"):
+    """All ranks of one decode step in one process, phase by phase, each all-gather a stack
+    (host arrays): (out, lse, sel, count)."""
+    heads = q.shape[1] if mode == "per-head" else kv.kv_heads
+    shards = [shard_bounds(kv.pages(), world, r) for r in range(world)]
+    hosts = [local_kv(kv, s) for s in shards]
+    plans = [make_plan(backend, kv, h, s, heads, k_pages, mode) for h, s in zip(hosts, shards)]
+    parts = [backend.put(h) for h in hosts]
+    sends = [np.empty(plans[0].candidate_shape, np.float32) for _ in shards]
+    for part, plan, send in zip(parts, plans, sends):
+        candidates(backend, q, part, plan, send)
+    sel, count = select(backend, np.stack(sends), plans[0])
+    partials = np.stack([pack(LocalComm(), *partial(backend, q, part, plan, sel, count), kv.dtype)
+                         for part, plan in zip(parts, plans)])
+    out, lse = merge(partials[..., :-1], partials[..., -1])
+    return out, lse, sel, count
 
 
 def local_only(scores_by_rank, shards, pages, k_pages: int):
@@ -150,18 +273,6 @@ def miss_rate(exact_sel, exact_count, approx) -> float:
             missed += len(want - approx[h][b])
             total += len(want)
     return missed / max(total, 1)
-
-
-def simulate(backend, q, kv: PagedKV, k_pages: int, world: int, mode: str = "per-head"):
-    """All ranks of one decode step in one process (host arrays): (out, lse, sel, count)."""
-    shards = [shard_bounds(kv.pages(), world, r) for r in range(world)]
-    parts = [backend.put(local_kv(kv, s)) for s in shards]
-    cands = [candidates(backend, q, p, s, k_pages, mode) for p, s in zip(parts, shards)]
-    pos, score = (np.stack([c[i] for c in cands]) for i in (0, 1))
-    sel, count = select(backend, pos, score, kv, k_pages)
-    partials = [partial(backend, q, p, s, sel, count) for p, s in zip(parts, shards)]
-    out, lse = merge(np.stack([p[0] for p in partials]), np.stack([p[1] for p in partials]), kv.dtype)
-    return out, lse, sel, count
 
 
 def held_work(kv: PagedKV, shard: Shard, sel, count, kv_heads: int) -> tuple[int, int]:

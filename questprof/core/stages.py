@@ -18,13 +18,7 @@ class Stage:
     name: str
     kernel: str  # kernels/<kernel>.cu
     reference: str  # function of questprof.core.reference (and method of every backend)
-    what: str
-
-    def work(self, cfg, union_pages: float | None = None):
-        """Modelled bytes and FLOPs of this stage for cfg (questprof.core.model.stage_work)."""
-        from questprof.core import model
-
-        return model.stage_work(cfg, union_pages)[self.name]
+    what: str  # its bytes and FLOPs: core.model.stage_work(cfg)[name]
 
 
 REGISTRY = {s.name: s for s in (

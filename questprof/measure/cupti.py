@@ -52,7 +52,10 @@ def _check(step: str, fn, *args, **kwargs):
 
 
 def available() -> tuple[bool, str | None]:
-    """(True, None) when PM sampling of DRAM bytes works on the current GPU; never raises."""
+    """(True, None) when a PM-sampling session of DRAM bytes configures, starts, stops and
+    decodes on the current GPU (an empty window of ~1 ms), else (False, CUPTI's text); never
+    raises. Enabling a collector is not enough: on an H200 (cupti-python 13.4 over CUPTI
+    13.0.85) enable succeeded and configure failed."""
     try:
         import cupy
 
@@ -66,7 +69,7 @@ def available() -> tuple[bool, str | None]:
         return False, (f"CUPTI: cupti-python is not importable ({type(exc).__name__}: {exc}); "
                        "install cupti-python and nvidia-cuda-cupti")
     try:
-        _collector()
+        _window(lambda: None, INTERVAL_NS)
         return True, None
     except Exception as exc:
         return False, str(exc) if isinstance(exc, CuptiError) else f"CUPTI: {_text(exc)}"
@@ -211,5 +214,7 @@ def measure(launch, repeats: int, expected_seconds: float = 0.05) -> DramBytes:
                      seconds, samples, idle_read, idle_write)
 
 
-if __name__ == "__main__":
-    print(available())
+if __name__ == "__main__":  # `questprof doctor` probes in a fresh process (see core.machine)
+    works, why = available()
+    print("PM sampling configures, starts, stops and decodes" if works else why)
+    raise SystemExit(0 if works else 1)

@@ -70,43 +70,41 @@ def _reasons(mask: int) -> tuple[list[str], bool]:
     return names, any(mask & bit for bit in THROTTLES)
 
 
-def _read(fields: dict, unavailable: dict, name: str, fn, *args) -> None:
+def _read(unavailable: dict, fields: tuple[str, ...], fn, *args):
+    """fn(*args) through _call, or None with NVML's reason recorded for each output field."""
     try:
-        fields[name] = fn(*args)
+        return _call(fn, *args)
     except NvmlError as exc:
-        fields[name] = None
-        unavailable[name] = str(exc)
+        unavailable.update(dict.fromkeys(fields, str(exc)))
+        return None
 
 
 def snapshot() -> dict:
     """Clocks (MHz), power (W), memory used (bytes), throttle reasons of the current GPU now.
 
     Keys: sm_clock_mhz, mem_clock_mhz, power_w, memory_used_bytes, reasons (list), throttled;
-    a field NVML cannot give is None and `unavailable` maps it to NVML's reason.
+    a field NVML cannot give is None and `unavailable` maps its key to NVML's reason.
     """
-    import pynvml
-
     ok, why = available()
     if not ok:
         return {"sm_clock_mhz": None, "mem_clock_mhz": None, "power_w": None,
                 "memory_used_bytes": None, "reasons": [], "throttled": None,
                 "unavailable": {"all": why}}
-    h, fields, unavailable = handle(), {}, {}
-    _read(fields, unavailable, "sm_clock_mhz", _call, pynvml.nvmlDeviceGetClockInfo, h,
-          pynvml.NVML_CLOCK_SM)
-    _read(fields, unavailable, "mem_clock_mhz", _call, pynvml.nvmlDeviceGetClockInfo, h,
-          pynvml.NVML_CLOCK_MEM)
-    _read(fields, unavailable, "power_mw", _call, pynvml.nvmlDeviceGetPowerUsage, h)
-    _read(fields, unavailable, "memory", _call, pynvml.nvmlDeviceGetMemoryInfo, h)
+    import pynvml
+
+    h, missing = handle(), {}
+    clock = pynvml.nvmlDeviceGetClockInfo
+    mw = _read(missing, ("power_w",), pynvml.nvmlDeviceGetPowerUsage, h)
+    mem = _read(missing, ("memory_used_bytes",), pynvml.nvmlDeviceGetMemoryInfo, h)
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons",
                       getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None))
-    _read(fields, unavailable, "mask", _call, reasons, h)
-    mw, mem, mask = fields.pop("power_mw"), fields.pop("memory"), fields.pop("mask")
-    fields["power_w"] = None if mw is None else mw / 1e3
-    fields["memory_used_bytes"] = None if mem is None else int(mem.used)
-    fields["reasons"], fields["throttled"] = _reasons(mask) if mask is not None else ([], None)
-    fields["unavailable"] = unavailable
-    return fields
+    mask = _read(missing, ("reasons", "throttled"), reasons, h)
+    names, throttled = _reasons(mask) if mask is not None else ([], None)
+    return {"sm_clock_mhz": _read(missing, ("sm_clock_mhz",), clock, h, pynvml.NVML_CLOCK_SM),
+            "mem_clock_mhz": _read(missing, ("mem_clock_mhz",), clock, h, pynvml.NVML_CLOCK_MEM),
+            "power_w": None if mw is None else mw / 1e3,
+            "memory_used_bytes": None if mem is None else int(mem.used),
+            "reasons": names, "throttled": throttled, "unavailable": missing}
 
 
 def gpm_available() -> tuple[bool, str | None]:

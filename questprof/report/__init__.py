@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from questprof.report import amdahl, figures, frames, hardware
+from questprof.report import amdahl, figures, frames, hardware, measured_bytes
+from questprof.report import fidelity as fidelity_report
 from questprof.report.frames import PANEL, fmt_tokens, fmt_x
 from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
 
@@ -61,7 +62,8 @@ def _skipped(df: pd.DataFrame) -> str:
     if skipped.empty:
         return "<p class=\"note\">No skipped rows.</p>"
     columns = {c: c for c in skipped.columns}
-    return "<h3>Skipped rows</h3>" + table(skipped, columns, "skipped-table", numeric={"rows"})
+    return "<h3>Skipped rows, by cause</h3>" + table(skipped, columns, "skipped-table",
+                                                    numeric={"rows", "need GiB", "free GiB"})
 
 
 def _crossover(pairs: pd.DataFrame) -> str:
@@ -103,20 +105,6 @@ def _roofline(df: pd.DataFrame, meta: dict) -> str:
     return note + figure(hardware.roofline_figure(df, ceilings), "roofline")
 
 
-def _bytes(df: pd.DataFrame) -> str:
-    if not hardware.has_measured_bytes(df):
-        return ("<p>This run did not measure DRAM bytes. Measure them with "
-                "<code>questprof bytes --check-formula</code>.</p>")
-    ratios = hardware.bytes_table(df)
-    for c in ("median", "min", "max"):
-        ratios[c] = ratios[c].map(lambda v: f"{v:.3f}")
-    columns = {"stage": "kernel", "rows": "rows", "median": "measured / modelled (median)",
-               "min": "min", "max": "max", "source": "byte source"}
-    return (figure(hardware.bytes_figure(df), "bytes") + table(ratios, columns, "bytes-table",
-                                                               numeric={"rows", "median", "min", "max"})
-            + figure(hardware.rho_figure(df), "rho"))
-
-
 def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
     rows = amdahl.e2e_rows(df, pairs)
     if not rows.empty:
@@ -130,24 +118,10 @@ def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
 
 
 def _context_parallel(df: pd.DataFrame) -> str:
-    """Phase times of context-parallel Quest (sweep --gpus N), when the run measured them."""
-    rows = df[df["stage"] == "context-parallel"] if "stage" in df else df.iloc[0:0]
-    if rows.empty:
-        return ("<p>This run did not measure context-parallel Quest "
-                "(<code>questprof sweep --gpus N</code> on a host with N GPUs).</p>")
-    rows = rows.assign(gpus=rows["gpus"].astype(int),  # float in a frame shared with NaN rows
-                       us=(rows["median_ms"] * 1e3).map(lambda v: f"{v:,.1f}"),
-                       miss=rows["cheap_variant_miss_rate"].map(lambda v: f"{v:.1%}"),
-                       budget_t=rows["budget"].map(fmt_tokens),
-                       length_t=rows["length"].map(fmt_tokens))
-    columns = {"gpus": "GPUs", "length_t": "length", "batch": "batch", "page_size": "page size",
-               "budget_t": "budget", "phase": "phase", "us": "us (slowest rank, median)",
-               "miss": "K/N-per-GPU variant misses"}
-    if "gpu_read_bytes_max" in rows:  # runs before the byte columns existed lack them
-        rows = rows.assign(share=(rows["gpu_read_bytes_max"] / rows["single_read_bytes"]).map(
-            lambda v: f"{v:.3f}"))
-        columns["share"] = "formula bytes, busiest GPU / one GPU"
-    return table(rows, columns, "cp-table", numeric={"us"})
+    """Context-parallel Quest against one GPU (sweep --gpus N), when the run measured it."""
+    from questprof.report import parallel
+
+    return parallel.section(df)
 
 
 def _header(df: pd.DataFrame, meta: dict) -> str:
@@ -158,7 +132,7 @@ def _header(df: pd.DataFrame, meta: dict) -> str:
     banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""
     if meta.get("fallback_reason"):
         banner += f"<p class=\"banner\">Fell back: {esc(meta['fallback_reason'])}</p>"
-    nav = " ".join(f"<a href=\"#{a}\">{t}</a>" for a, t in SECTIONS)
+    nav = " ".join(f"<a href=\"#{a}\">{t}</a>" for a, t in SECTIONS + fidelity_report.nav(df))
     command = f"<p class=\"note\"><code>{esc(meta['command'])}</code></p>" if meta.get("command") else ""
     return f"<h1>{esc(title)}</h1>{command}{banner}<nav>{nav}</nav>", title
 
@@ -205,13 +179,18 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
         "crossover": _crossover(pairs) if have else empty,
         "speedup": _speedup(pairs) if have else empty,
         "roofline": _roofline(df, meta),
-        "bytes": _bytes(df) if have else empty,
+        "bytes": measured_bytes.section(df, meta),
         "heatmap": _heatmaps(pairs, meta) if have else empty,
         "amdahl": _amdahl(df, pairs),
         "cp": _context_parallel(df),
         "machine": meta_table(meta, clocks(df)),
     }
-    body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in SECTIONS)
+    fidelity = fidelity_report.sections(df, meta)  # [] without fidelity rows
+    content["glance"] = fidelity_report.glance(df, meta) + content["glance"]
+    # a fidelity-only run has no timing rows: its report skips the empty timing sections
+    shown = SECTIONS if have or not fidelity else (SECTIONS[0], SECTIONS[-1])
+    body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in shown)
+    body += "".join(section(*part) for part in fidelity)
     return body, title, "plotly-graph-div" in body
 
 

@@ -48,8 +48,7 @@ def _mark_crossover(fig, curve, row, col) -> None:
     """A dashed vertical line where Quest starts to win, labelled with the measured length."""
     found = crossover(curve)
     if found["kind"] != "from":
-        text = "Quest wins everywhere" if found["kind"] == "always" else found["text"]
-        fig.add_annotation(text=text, xref="x domain", yref="y domain", x=0.02, y=0.98,
+        fig.add_annotation(text=found["text"], xref="x domain", yref="y domain", x=0.02, y=0.98,
                            showarrow=False, xanchor="left", font={"size": 11}, row=row, col=col)
         return
     fig.add_vline(x=found["length"], line={"dash": "dash", "color": "#2a9d8f"}, row=row, col=col)

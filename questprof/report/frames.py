@@ -120,23 +120,36 @@ def _interpolated(lose: pd.Series, win: pd.Series) -> float:
     return 2 ** (math.log2(lose["length"]) + t * (math.log2(win["length"]) - math.log2(lose["length"])))
 
 
+def sparse(curve: pd.DataFrame) -> pd.DataFrame:
+    """Points where Quest selects fewer pages than there are: budget < length. At budget >=
+    length Quest runs dense attention and ties with dense by construction, so such a point says
+    nothing about where Quest starts to win (an interpolation to it lands at budget = length)."""
+    if "budget" not in curve:
+        return curve
+    return curve[curve["budget"] < curve["length"]]
+
+
 def crossover(curve: pd.DataFrame) -> dict:
-    """Where Quest starts to beat dense along one curve (rows of `paired`, any order).
+    """Where Quest starts to beat dense along one curve (rows of `paired`, any order), over the
+    points with budget < length only (see `sparse`).
 
     kind: 'from' (Quest wins from `length` on, `estimate` interpolated from the last loss),
     'always' (wins from the shortest length), 'never' (loses at the longest), 'none' (no pair).
     """
-    both = curve.dropna(subset=["speedup"]).sort_values("length")
+    timed = curve.dropna(subset=["speedup"])
+    both = sparse(timed).sort_values("length")
     if both.empty:
-        return {"kind": "none", "length": None, "estimate": None,
-                "text": "no quest/dense pair measured"}
+        text = ("budget >= every length: Quest is dense attention" if len(timed)
+                else "no quest/dense pair measured")
+        return {"kind": "none", "length": None, "estimate": None, "text": text}
     wins = (both["speedup"] > 1.0).to_numpy()
     if not wins[-1]:
         return {"kind": "never", "length": None, "estimate": None, "text": "no crossover in range"}
     if wins.all():
         first = int(both["length"].iloc[0])
+        shortest = "shortest length" + ("" if len(both) == len(timed) else " above the budget")
         return {"kind": "always", "length": first, "estimate": None,
-                "text": f"Quest wins from the shortest length ({fmt_tokens(first)})"}
+                "text": f"Quest wins from the {shortest} ({fmt_tokens(first)})"}
     last_loss = int(np.flatnonzero(~wins)[-1])
     lose, win = both.iloc[last_loss], both.iloc[last_loss + 1]
     length = int(win["length"])
@@ -190,22 +203,50 @@ def label(keys, values, names=None) -> str:
     return ", ".join(parts)
 
 
+SKIPPED_COLUMNS = ["reason", "rows", "stages", "lengths", "batches", "page sizes", "budgets",
+                   "need GiB", "free GiB"]
+
+
+def _values(series, fmt=str) -> str:
+    """Distinct values, sorted as numbers where they are numbers, then formatted."""
+    values = series.dropna().unique()
+    numbers = pd.to_numeric(pd.Series(values), errors="coerce")
+    key = (lambda v: float(v)) if numbers.notna().all() else str
+    return ", ".join(fmt(v) for v in sorted(values, key=key))
+
+
+def _gib_range(series) -> str:
+    """'24.8' or '24.8–102.1' (min–max of a figure in GiB), '–' when none is recorded."""
+    values = pd.to_numeric(series, errors="coerce").dropna()
+    if values.empty:
+        return "–"
+    lo, hi = values.min(), values.max()
+    return f"{lo:.1f}" if round(lo, 1) == round(hi, 1) else f"{lo:.1f}–{hi:.1f}"
+
+
 def skipped(df: pd.DataFrame) -> pd.DataFrame:
-    """Skipped rows grouped by reason: count, stages, lengths, page sizes, budgets, batches."""
+    """Skipped rows grouped by cause (the reason): count, stages, lengths, batches, page sizes,
+    budgets, and the memory figures (need_gib, free_gib: min–max) kept out of the cause.
+
+    Causes with the most rows first; values within a cell sorted as numbers.
+    """
     if df.empty or "status" not in df:
-        return pd.DataFrame(columns=["reason", "rows"])
+        return pd.DataFrame(columns=SKIPPED_COLUMNS)
     rows = df[df["status"] != "ok"].copy()
     rows["reason"] = rows.get("reason", pd.Series(index=rows.index, dtype=object)).fillna("(none given)")
-
-    def values(series, fmt=str):
-        return ", ".join(fmt(v) for v in sorted(series.dropna().unique()))
-
-    out = [{"reason": reason, "rows": len(g), "stages": values(g["stage"]),
-            "lengths": values(g["length"], fmt_tokens), "page sizes": values(g["page_size"]),
-            "budgets": values(g["budget"]), "batches": values(g["batch"])}
-           for reason, g in rows.groupby("reason", sort=True)]
-    return pd.DataFrame(out, columns=["reason", "rows", "stages", "lengths", "page sizes",
-                                      "budgets", "batches"])
+    for col in ("need_gib", "free_gib"):
+        if col not in rows:
+            rows[col] = np.nan
+    stage_rank = {s: i for i, s in enumerate((*model.STAGES, "quest"))}
+    out = [{"reason": reason, "rows": len(g),
+            "stages": ", ".join(sorted(g["stage"].dropna().unique(),
+                                       key=lambda s: (stage_rank.get(s, 99), s))),
+            "lengths": _values(g["length"], fmt_tokens), "batches": _values(g["batch"]),
+            "page sizes": _values(g["page_size"]), "budgets": _values(g["budget"], fmt_tokens),
+            "need GiB": _gib_range(g["need_gib"]), "free GiB": _gib_range(g["free_gib"])}
+           for reason, g in rows.groupby("reason", sort=False)]
+    out = pd.DataFrame(out, columns=SKIPPED_COLUMNS)
+    return out.sort_values(["rows", "reason"], ascending=[False, True]).reset_index(drop=True)
 
 
 def summary_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -19,6 +19,7 @@ table { border-collapse: collapse; margin: 8px 0 16px; font-size: 14px; }
 th, td { border: 1px solid #e4e4e7; padding: 4px 10px; text-align: left; vertical-align: top; }
 th { background: #f4f4f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.best td { background: #e6f4ea; font-weight: 600; }
+tr.off td { background: #fdecea; }
 .banner { background: #fff4e5; border: 2px solid #f0a020; padding: 10px 14px; font-weight: 600;
           margin: 12px 0; }
 .figure { margin: 8px 0 20px; }
@@ -36,10 +37,11 @@ def esc(value) -> str:
 
 
 def table(rows: pd.DataFrame, columns: dict, table_id: str = "", numeric=(),
-          best=None) -> str:
+          best=None, mark: str = "best") -> str:
     """rows as an HTML table; columns maps a column of rows to its header (in order).
 
-    numeric: columns aligned right; best: a boolean Series marking rows drawn highlighted.
+    numeric: columns aligned right; best: a boolean Series marking rows drawn highlighted, with
+    CSS class `mark` ('best' green, 'off' red).
     """
     head = "".join(f"<th>{esc(h)}</th>" for h in columns.values())
     body = []
@@ -47,7 +49,7 @@ def table(rows: pd.DataFrame, columns: dict, table_id: str = "", numeric=(),
         cells = "".join(f"<td class=\"num\">{esc(row[c])}</td>" if c in numeric
                         else f"<td>{esc(row[c])}</td>" for c in columns)
         marked = best is not None and bool(best.iloc[i])
-        body.append(f"<tr class=\"best\">{cells}</tr>" if marked else f"<tr>{cells}</tr>")
+        body.append(f"<tr class=\"{mark}\">{cells}</tr>" if marked else f"<tr>{cells}</tr>")
     ident = f" id=\"{esc(table_id)}\"" if table_id else ""
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 

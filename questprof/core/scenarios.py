@@ -1,0 +1,208 @@
+"""Scenarios: TOML files of a model shape and a sweep grid, and their expansion into Configs.
+
+Every problem with a scenario file raises ConfigError with one line naming the file and field.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from dataclasses import dataclass
+from pathlib import Path
+
+from questprof import SCENARIOS_DIR
+from questprof.core.config import (Config, ConfigError, ModelShape, check_modes, parse_sizes,
+                                   validate_budget, validate_page_size)
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli has the same API
+    import tomli as tomllib
+
+NOT_SCENARIOS = {"bench"}  # scenarios/bench.toml holds bench cases and goals, not a sweep
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A sweep grid: every combination of these values (tokens, requests, tokens, tokens)."""
+
+    lengths: tuple[int, ...]
+    batches: tuple[int, ...]
+    page_sizes: tuple[int, ...]
+    budgets: tuple[int, ...]
+    modes: tuple[str, ...] = ("per-head",)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named model shape and sweep grid, loaded from `path`."""
+
+    name: str
+    model: ModelShape
+    grid: Grid
+    path: Path
+    description: str = ""
+
+
+def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
+    """A TOML value (range string, integer or list of either) as sizes."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    elif isinstance(value, list) and all(isinstance(v, (int, str)) and not isinstance(v, bool)
+                                         for v in value):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: field {field_name!r} must be a range string, an integer "
+                          f"or a list, got {value!r}")
+    try:
+        return tuple(parse_sizes(value, field_name))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+_MODEL_FIELDS = {"name": str, "layers": int, "q_heads": int, "kv_heads": int, "head_dim": int,
+                 "dtype": str, "dense_layers": int, "intermediate": int, "vocab": int}
+_MODEL_OPTIONAL = {"dense_layers", "intermediate", "vocab"}
+_GRID_FIELDS = {"lengths": "sizes", "batch": "sizes", "page_sizes": "sizes", "budgets": "sizes",
+                "modes": list, "seed": int}
+_GRID_OPTIONAL = {"modes", "seed"}
+
+
+def _table(data: dict, name: str, fields, optional, where: str) -> dict:
+    """data[name] checked for unknown and missing fields."""
+    table = data.get(name)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: missing table [{name}]")
+    unknown = sorted(set(table) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {name}.{unknown[0]} "
+                          f"(expected some of {', '.join(fields)})")
+    missing = [f for f in fields if f not in table and f not in optional]
+    if missing:
+        raise ConfigError(f"{where}: missing field {name}.{missing[0]}")
+    return table
+
+
+def _typed(table: dict, fields: dict, prefix: str, where: str) -> dict:
+    """Scalar fields of `table` checked against their Python types (bool is not an int)."""
+    out = {}
+    for key, kind in fields.items():
+        if key not in table or kind == "sizes":
+            continue
+        value = table[key]
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+        if kind is list:
+            ok = ok and all(isinstance(v, str) for v in value)
+        if not ok:
+            expected = "a list of strings" if kind is list else f"a {kind.__name__}"
+            raise ConfigError(f"{where}: field {prefix}.{key} must be {expected}, got {value!r}")
+        out[key] = value
+    return out
+
+
+def _parse_scenario(data: dict, path: Path) -> Scenario:
+    where = str(path)
+    unknown = sorted(set(data) - {"model", "grid", "description"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown field {unknown[0]} (expected [model], [grid], description)")
+    m = _table(data, "model", _MODEL_FIELDS, _MODEL_OPTIONAL, where)
+    g = _table(data, "grid", _GRID_FIELDS, _GRID_OPTIONAL, where)
+    try:
+        shape = ModelShape(**_typed(m, _MODEL_FIELDS, "model", where))
+        scalars = _typed(g, _GRID_FIELDS, "grid", where)
+        grid = Grid(lengths=_sizes(g["lengths"], "grid.lengths", where),
+                    batches=_sizes(g["batch"], "grid.batch", where),
+                    page_sizes=_sizes(g["page_sizes"], "grid.page_sizes", where),
+                    budgets=_sizes(g["budgets"], "grid.budgets", where),
+                    modes=check_modes(scalars.get("modes", ["per-head"])),
+                    seed=scalars.get("seed", 0))
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: field description must be a string")
+    return Scenario(path.stem, shape, grid, path, description)
+
+
+def list_scenarios() -> list[str]:
+    """Names of the scenarios shipped in SCENARIOS_DIR."""
+    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml") if p.stem not in NOT_SCENARIOS)
+
+
+def _scenario_path(name_or_path) -> Path:
+    text = str(name_or_path)
+    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or "\\" in text:
+        path = Path(text)
+        if not path.is_file():
+            raise ConfigError(f"scenario file {text} not found")
+        return path
+    path = Path(SCENARIOS_DIR) / f"{text}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown scenario {text!r}: available are {', '.join(list_scenarios())} "
+                          f"(or give a path to a .toml file)")
+    return path
+
+
+def load_scenario(name_or_path) -> Scenario:
+    """A scenario by name (SCENARIOS_DIR/<name>.toml) or by path to a .toml file."""
+    path = _scenario_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return _parse_scenario(data, path)
+
+
+def _override(value, default, what: str) -> tuple[int, ...]:
+    """An expand() override: None = the scenario's, a range string, or a list of ints."""
+    if value is None:
+        return tuple(default)
+    try:  # operator.index takes numpy integers, refuses floats and strings
+        values = parse_sizes(value, what) if isinstance(value, str) else sorted(
+            {operator.index(v) for v in value})
+    except TypeError:
+        raise ConfigError(f"bad {what} {list(value)!r}: expected whole numbers") from None
+    if not values:
+        raise ConfigError(f"empty {what}: expected at least one value")
+    if min(values) < 1:
+        raise ConfigError(f"bad {what} {values}: values must be at least 1")
+    return tuple(values)
+
+
+def expand(scenario: Scenario, lengths=None, batches=None, page_sizes=None, budgets=None,
+           modes=None) -> list[Config]:
+    """Every point of the scenario's grid, with overrides (None = the scenario's values).
+
+    Order: batch, page size, budget, mode, then length fastest (one crossover curve at a time).
+    Modes collapse to 'per-head' for MHA, where all modes select the same pages.
+    Budgets >= length are kept: they are the dense points (Config.is_dense_budget).
+    """
+    grid = scenario.grid
+    lengths = _override(lengths, grid.lengths, "lengths")
+    batches = _override(batches, grid.batches, "batch")
+    sizes = tuple(validate_page_size(s) for s in _override(page_sizes, grid.page_sizes,
+                                                            "page sizes"))
+    budgets = _override(budgets, grid.budgets, "budgets")
+    for s, b in itertools.product(sizes, budgets):
+        validate_budget(b, s)
+    modes = check_modes(grid.modes if modes is None else list(modes))
+    if scenario.model.group == 1:
+        modes = ("per-head",)
+    points = itertools.product(batches, sizes, budgets, modes, lengths)
+    return [Config(scenario.model, n, b, s, k, m, grid.seed) for b, s, k, m, n in points]
+
+
+def configs_from_args(args: dict):
+    """(scenario, configurations) for a command's arguments: scenario, lengths, batch,
+    page_size, budget, mode (range syntax strings or None), layers / repeats / warmup checks."""
+    for name in ("layers", "repeats", "warmup"):
+        least = 0 if name == "warmup" else 1
+        if args.get(name) is not None and args[name] < least:
+            raise ConfigError(f"--{name} {args[name]} must be at least {least}")
+    scenario = load_scenario(args["scenario"])
+    modes = args["mode"].split(",") if args.get("mode") else None
+    configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
+                     page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes)
+    return scenario, configs
