@@ -157,13 +157,13 @@ LEDES = {
              "the formula 1/S + K/P.",
     "heatmap": "Speedup at one length for every page size and budget: green beats dense.",
     "amdahl": "What the attention speedup is worth for a whole decode step.",
-    "cp": "Context-parallel Quest: pages split across GPUs by position, each GPU scores its "
-          "own pages, an all-gather of local top-K candidates gives the exact global top-K, and "
-          "partial outputs merge by log-sum-exp. Phases are wall times after a device sync; the "
-          "all-gathers sit on the decode critical path (their wall time includes the wait for "
-          "the slower rank; device_ rows are the all-gathers alone, CUDA events over back-to-"
-          "back calls). Bytes are the formula over the exact selection, busiest GPU against one "
-          "GPU holding the whole cache.",
+    "cp": "Context-parallel Quest: pages split across GPUs by position. Each GPU replays the "
+          "whole step of a layer as one CUDA graph (local top-(K+1) candidates, an all-gather of "
+          "them, the exact global top-K, local sparse attention, an all-gather of (output, lse), "
+          "the log-sum-exp merge), timed over cold layers like the single-GPU Quest step of the "
+          "same run; each phase and each all-gather is also timed alone the same way. Bytes are "
+          "the formula over the exact selection, busiest GPU against one GPU holding the whole "
+          "cache.",
     "machine": "Where and how these numbers were measured.",
 }
 
