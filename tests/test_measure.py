@@ -320,3 +320,12 @@ def test_ladder_interpolates_between_rungs():
     assert ceilings.ladder_ms(ladder, 99) is None  # below the first rung: unknown
     assert ceilings.ladder_ms([(100, 2.0)], 300) == pytest.approx(6.0)
     assert ceilings.ladder_ms([], 300) is None
+
+
+def test_git_commit_can_be_named_for_a_copied_tree(monkeypatch):
+    from questprof.core import machine
+
+    monkeypatch.setenv("QUESTPROF_GIT_COMMIT", "abc123")
+    assert machine.git_commit() == "abc123"
+    monkeypatch.delenv("QUESTPROF_GIT_COMMIT")
+    assert machine.git_commit() != "abc123"

@@ -7,6 +7,7 @@ modules (cupy, pynvml, cupti, torch) are imported inside the probes, never at im
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import shutil
 import subprocess
@@ -125,7 +126,12 @@ def machine_info() -> dict:
 
 
 def git_commit() -> str | None:
-    """HEAD of the questprof checkout, '+dirty' when tracked files changed; None outside git."""
+    """HEAD of the questprof checkout, '+dirty' when tracked files changed; None outside git.
+    QUESTPROF_GIT_COMMIT overrides it where the tree was copied without its history (a copy
+    sent to a remote GPU carries the .git of another commit)."""
+    if os.environ.get("QUESTPROF_GIT_COMMIT"):
+        return os.environ["QUESTPROF_GIT_COMMIT"]
+
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
                               timeout=10, check=True)
