@@ -1,4 +1,5 @@
-// Decode attention straight from the paged cache (DESIGN.md stage 4, and the dense baseline).
+// Decode attention straight from the paged cache (docs/QUEST.md stage 4; over all pages it is
+// the dense baseline).
 //
 // A CTA row is (request b, j) serving G query heads j*G .. j*G+G-1 of KV head j*G/g:
 //   dense and shared selections: G = g, so one CTA reads a KV head once for all its q heads;
@@ -9,27 +10,23 @@
 // (an atomic count per row) combines them with log-sum-exp, so no merge launch follows. With
 // one split the CTA writes the final output itself.
 //
-// Inside a CTA, 4 warps take tiles of TT tokens round-robin (kernels/attention_tile.cuh: CUDA
-// cores for G <= 2, tensor cores for G >= 4); each warp keeps a private ring of NS tiles in shared
-// memory filled by cp.async, so NS - 1 tiles (K and V) are in flight while it computes one. v1
-// loaded a tile into registers and then computed it, which left no loads in flight during the
-// math: dense 32K reached 74% of the 4.52 TB/s read ceiling on an H200 (160 us vs torch SDPA's
-// 128 us). Only valid slots of the tail page are fetched (zero-size copies elsewhere) and their
-// scores are set to -inf, so NaN or huge values in unused slots never reach the math.
-// Scores are kept in log2 units (scaled by log2(e)/sqrt(D)); lse is returned in natural log.
+// Inside a CTA, ATT_WARPS warps take tiles of TT tokens round-robin (kernels/attention_tile.cuh:
+// CUDA cores for G <= 2, tensor cores for G >= 4); each warp keeps a private ring of NS tiles in
+// shared memory filled by cp.async, so NS - 1 tiles (K and V) are in flight while it computes one
+// (dense 32K MHA at 0.91 of the read ceiling on an H200; a tile loaded into registers and then
+// computed left no loads in flight during the math: 0.74). Only valid slots of the tail page are
+// fetched (zero-size copies elsewhere) and their scores are set to -inf, so NaN or huge values in
+// unused slots never reach the math. Scores are kept in log2 units (scaled by log2(e)/sqrt(D));
+// lse is returned in natural log. Figures and history: notes/KERNELS.md.
 #include "attention_tile.cuh"
-
-constexpr int ATT_WARPS = 4;
-constexpr int ATT_MAX_PAGES = 512;  // pages of one split (the launcher caps pages_per_split)
 
 struct RowPlan {
   int b, kv_head, qh0, row_pages, req_pages, tail_len, indptr_b;
 };
 
+// The row's place and page tables: inputs of the step, ready before the grid before ends.
 QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict__ last_len,
-                           const int* __restrict__ sel, const int* __restrict__ count,
-                           int batch, int q_heads, int kv_heads, int rows_per_req, int G,
-                           int count_per_head) {
+                           int q_heads, int kv_heads, int rows_per_req, int G) {
   RowPlan r;
   const int row = blockIdx.y, j = row % rows_per_req;
   r.b = row / rows_per_req;
@@ -38,16 +35,15 @@ QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict
   r.indptr_b = indptr[r.b];
   r.req_pages = indptr[r.b + 1] - r.indptr_b;
   r.tail_len = last_len[r.b];
-  r.row_pages = sel ? count[count_per_head ? (size_t)j * batch + r.b : r.b] : r.req_pages;
+  r.row_pages = r.req_pages;  // a selection's count replaces it after grid_wait
   return r;
 }
 
 // True in the CTA that is the last of its row's splits to finish (every thread gets it); that
 // CTA then reads the others' partials. Thread 0 counts the CTA in with one acq_rel atomic, which
 // releases the CTA's partials (written before the barrier) and acquires the others'; the last CTA
-// resets the count for the next launch. One launch less than a merge kernel: sparse 32K 13.9 ->
-// 13.4 us, dense 32K 131.4 -> 129.9 us on an H200 (both with the aligned ring below). The single
-// atomic instead of fence + atomic + fence: sparse 32K 13.6 -> 13.3 us, 128K 21.9 -> 21.5 us.
+// resets the count for the next launch. Against a separate merge launch: sparse 32K 13.9 -> 13.4
+// us on an H200; one acq_rel atomic against fence + atomic + fence: 13.6 -> 13.3 us.
 QP_DEVICE bool last_split(int splits, int* __restrict__ row_done) {
   __shared__ int s_last;
   __syncthreads();  // every thread's partials are written
@@ -170,31 +166,35 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                  float* __restrict__ lse, float* __restrict__ ws_o, float* __restrict__ ws_lse,
                  int* __restrict__ row_done) {
   using St = Tile<T, D, S, G>;
-  // 4 warps x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
-  // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async became twice
-  // the L2 requests (dense 32K 134 -> 161 us on an H200); aligned, half v6's requests (8.39M ->
-  // 4.20M for dense 32K under ncu) and dense 32K 134.3 -> 131.4 us.
+  // ATT_WARPS x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
+  // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async took twice
+  // the L2 requests (dense 32K 161 us against 131 us aligned, on an H200).
   extern __shared__ __align__(128) uint4 att_ring[];
   __shared__ int s_page[ATT_MAX_PAGES], s_valid[ATT_MAX_PAGES];
-  const int splits = gridDim.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // The split's positions load before the row plan is known (their address needs only block
-  // indices), so the chain to the first KV byte is plan | positions -> page ids -> KV.
-  const int p_begin = blockIdx.x * pages_per_split;
-  const int* row_sel = sel ? sel + ((size_t)(blockIdx.y % rows_per_req) * batch +
-                                     blockIdx.y / rows_per_req) * k_sel : nullptr;
-  int pos[ATT_MAX_PAGES / (ATT_WARPS * 32)];
-#pragma unroll
-  for (int u = 0; u < ATT_MAX_PAGES / (ATT_WARPS * 32); ++u) {
-    const int i = threadIdx.x + u * ATT_WARPS * 32, p = p_begin + i;
-    pos[u] = row_sel && i < pages_per_split && p < k_sel ? __ldg(row_sel + p) : p;
-  }
-  const RowPlan r = plan_row(indptr, last_len, sel, count, batch, q_heads, kv_heads,
-                             rows_per_req, G, count_per_head);
+  constexpr int PER_THREAD = ATT_MAX_PAGES / (ATT_WARPS * 32);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Before grid_wait, only the step's inputs (page tables, q): under programmatic dependent
+  // launch this runs while top-K still selects. The selection and its count come after.
+  RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, rows_per_req, G);
   St st;
   st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2);
+  grid_wait();
+  grid_release();  // empty in quest()'s build (the next layer's estimate launches as this ends)
+  // The split's positions and the row's count load together (L2 loads: the grid before wrote
+  // them), so the chain to the first KV byte is positions | count -> page ids -> KV.
+  const int splits = gridDim.x, p_begin = blockIdx.x * pages_per_split;
+  const int head = blockIdx.y % rows_per_req;  // the row's selection head
+  const int* row_sel = sel ? sel + ((size_t)head * batch + r.b) * k_sel : nullptr;
+  int pos[PER_THREAD];
+#pragma unroll
+  for (int u = 0; u < PER_THREAD; ++u) {
+    const int i = threadIdx.x + u * ATT_WARPS * 32, p = p_begin + i;
+    pos[u] = row_sel && i < pages_per_split && p < k_sel ? __ldcg(row_sel + p) : p;
+  }
+  if (sel) r.row_pages = __ldcg(count + (count_per_head ? (size_t)head * batch + r.b : r.b));
   const int nb = max(0, min(r.row_pages, p_begin + pages_per_split) - p_begin);  // <= ATT_MAX_PAGES
 #pragma unroll
-  for (int u = 0; u < ATT_MAX_PAGES / (ATT_WARPS * 32); ++u) {
+  for (int u = 0; u < PER_THREAD; ++u) {
     const int i = threadIdx.x + u * ATT_WARPS * 32;
     if (i < nb) {
       s_page[i] = indices[r.indptr_b + pos[u]];

@@ -10,12 +10,12 @@
 #pragma once
 #include "common.cuh"
 
-// Loads per lane per tile (16 tokens at D 128, 32 at D 64: whole k-steps of the tensor-core
-// product) and the depth of the per-warp ring. Shared memory per CTA = 4 warps x NS x 8 KiB:
-// 96 KiB for G <= 4 (2 CTAs per SM), 64 KiB for G = 8, whose combine arrays take 16 KiB more.
+// Loads per lane per tile (NL: 8 gives 16 tokens at D 128, 32 at D 64, whole k-steps of the
+// tensor-core product) and the depth of the per-warp ring (NS), from constants.cuh.
 template <int G> struct Pipe {
-  static constexpr int NL = 8;
-  static constexpr int NS = G <= 4 ? 3 : 2;
+  static_assert(group_index(G) >= 0, "G must be one of QP_GROUPS");
+  static constexpr int NL = ATT_LOADS[group_index(G)];
+  static constexpr int NS = ATT_STAGES[group_index(G)];
 };
 
 // 16-byte global -> shared copy that bypasses registers and L1; src_size 0 writes zeros and

@@ -15,7 +15,30 @@ typedef decltype(sizeof(0)) size_t;
 #include <stdint.h>
 #endif
 
+#include "constants.cuh"
+
 #define QP_DEVICE __device__ __forceinline__
+
+// Programmatic dependent launch (sm_90). A grid launched with programmatic stream serialization
+// may start while the previous grid of its stream still runs: work before grid_wait() must only
+// read inputs that no earlier grid is still writing, and write nothing. grid_wait() returns once
+// the previous grid has completed and its writes are visible; grid_release() lets the next grid
+// start launching (it still waits in its own grid_wait()). Both are no-ops in a plain launch.
+// Built with QP_EARLY_RELEASE=0, grid_release() is empty and the next grid launches as this one
+// ends (backends/pdl.py picks the build per stage).
+#ifndef QP_EARLY_RELEASE
+#define QP_EARLY_RELEASE 1
+#endif
+QP_DEVICE void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+QP_DEVICE void grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && QP_EARLY_RELEASE
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 struct fp16 {};  // IEEE half, stored as uint16 bits
 struct bf16 {};  // bfloat16, stored as uint16 bits (the top half of a float32)

@@ -1,37 +1,29 @@
 // Estimate (criticality): U_p(q) = sum_j max(q_j m_pj, q_j M_pj) for every page of every request
-// (DESIGN.md stage 2). Memory-bound: each (page, KV head) box of 2*D values is read exactly once,
-// and all G query heads of that KV head are scored from it (per-head writes G scores; shared-max
-// and shared-mean reduce the G scores to one per KV head).
+// (docs/QUEST.md stage 2). Memory-bound: each (page, KV head) box of 2*D values is read exactly
+// once, and all G query heads of that KV head are scored from it (per-head writes G scores;
+// shared-max and shared-mean reduce the G scores to one per KV head).
 //
 // Work unit = (CSR entry i, KV head h), unit = i * Hkv + h: KV head fastest so consecutive units
 // read consecutive boxes of one page (Hkv * 2 * D * 2 bytes contiguous). A unit is served by
 // LANES = D/8 lanes, each holding 8 dimensions of min and max (two 16-byte loads). A tile is
-// UNROLL * GROUPS consecutive units (one batch of UNROLL units per thread).
+// EST_UNROLL * GROUPS consecutive units (one batch of EST_UNROLL units per thread).
 //
-// Persistent: the launcher starts one resident wave (est_blocks_per_sm per SM) and each block
-// walks tiles grid-stride. v3 launched one short-lived block per tile: 2.6 waves whose loads all
-// waited on an index load first, 12.9 us vs a 7.4 us floor at 32K on the H200. Here a thread runs
-// a three-stage pipeline over its tiles: page ids two tiles ahead, boxes one tile ahead (double
-// buffer), scoring of the current tile, so its DRAM loads never drain between batches.
+// Persistent: the launcher starts one resident wave (EST_BLOCKS_PER_SM per SM, constants.cuh) and
+// each block walks tiles grid-stride; a thread runs a three-stage pipeline over its tiles (page ids
+// two tiles ahead, boxes one tile ahead in a second register buffer, scoring of the current one),
+// so its DRAM loads never drain between batches. H200, 32K MHA: 11.1 us, where one short-lived
+// block per tile took 12.9 us (2.6 waves whose loads each waited on an index load first).
+// Figures and history: notes/KERNELS.md.
 #include "common.cuh"
 
 enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
-
-constexpr int EST_THREADS = 256;
-constexpr int EST_UNROLL = 2;  // units per batch; with the double buffer 2-4 units (64-128 B) in
-                               // flight per thread, 64-128 KB per SM: Little's law at 4.5 TB/s and
-                               // ~0.7 us asks ~24 KB per SM. 4 would need > 64 registers.
-// Resident blocks per SM, the register cap the launcher sizes its one wave by (EST_BLOCKS_PER_SM
-// in questprof/backends/cupy.py). nvcc 13.0 sm_90: G 1-2 fit 64 registers (4 blocks, 1024
-// threads); G 4 needs 77-79 (3) and G 8 108 (2), and spill at one block more (G 8: 16-52 B at 3).
-constexpr int est_blocks_per_sm(int g) { return g <= 2 ? 4 : g == 4 ? 3 : 2; }
 
 struct Unit { int i, h; };     // CSR entry and KV head of unit i * Hkv + h
 struct Stride { int di, dh; }; // a fixed step in units as (entries, heads), dh < Hkv
 struct Box { uint4 lo, hi; };  // one lane's 8 dimensions of a box's min and max
 
 // A thread's units advance by fixed strides, so (i, h) advance by adds with one carry instead of
-// a 64-bit division per unit (v3 divided twice per unit).
+// a 64-bit division per unit.
 struct Walk {
   int kv_heads, nnz;
   QP_DEVICE Unit unit(int n) const { return {n / kv_heads, n % kv_heads}; }
@@ -119,10 +111,12 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
 }
 
 template <typename T, int D, int G, int MODE>
-__global__ void __launch_bounds__(EST_THREADS, est_blocks_per_sm(G))
+__global__ void __launch_bounds__(EST_THREADS, EST_BLOCKS_PER_SM[group_index(G)])
 estimate_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                 const int* __restrict__ indptr, const int* __restrict__ indices,
                 float* __restrict__ scores, int batch, int kv_heads, int nnz) {
+  grid_wait();     // the grid before may still write q or the summaries (RoPE, summary append)
+  grid_release();  // empty in quest()'s build (releasing in all 3 stages: 32.0 -> 36.0 us)
   constexpr int LANES = D / VEC, GROUPS = EST_THREADS / LANES, TILE = EST_UNROLL * GROUPS;
   const int c = threadIdx.x % LANES;
   const Walk walk{kv_heads, nnz};

@@ -1,4 +1,4 @@
-// Summary append / rebuild: per-dimension min and max of a page's keys (DESIGN.md stage 1).
+// Summary append / rebuild: per-dimension min and max of a page's keys (docs/QUEST.md stage 1).
 //
 // One CTA per plan entry (page, [first, end) slots written). Each thread owns 8 dimensions of one
 // KV head and walks the written slots with 16-byte loads, so a warp reads whole key rows.

@@ -1,8 +1,8 @@
-// Top-K page selection per (request, head) (DESIGN.md stage 3), exactly as reference.topk:
+// Top-K page selection per (request, head) (docs/QUEST.md stage 3), exactly as reference.topk:
 // the K best pages by score, tail page (and optional sinks / local window) always in and counted
 // in the budget, ties to the lower position, output in ascending positions, -1 padded.
 //
-// One CTA of 1024 threads per (request, head). Scores become order-preserving uint32 keys (held in
+// One CTA of TK_THREADS per (request, head). Scores become order-preserving uint32 keys (held in
 // shared memory when the row fits, else re-read from global/L2). The threshold is found by a
 // range select: a histogram of NB bins over the keys in [lo, hi] (bin = (key - lo) >> s, s the
 // fewest bits that fit the range into NB bins), the bin holding the rem-th largest key becomes
@@ -11,12 +11,11 @@
 // above the range, or in it with a low enough rank) and compacts them with one block prefix sum,
 // which yields ascending positions for free.
 //
-// v3 used fixed 8-bit radix digits from the top: scores share their top bits, so a pass needed
-// warp-aggregated atomics (__match_any_sync) and 4 passes: 16.9 us for 8192 pages x 32 heads on
-// an H200. Bins over the row's own range spread the keys, so plain shared atomics do.
+// Bins over the row's own range spread the keys, so plain shared atomics do: fixed 8-bit digits
+// from the top of the key needed 4 passes and warp-aggregated atomics (scores share their top
+// bits), 16.9 us against 9.0-9.6 us now for 8192 pages x 32 heads on an H200 (notes/KERNELS.md).
 #include "common.cuh"
 
-constexpr int TK_THREADS = 1024;
 constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (8192 per chunk)
 constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;  // two bins per thread in the bin scan
 
@@ -31,7 +30,7 @@ struct Row {
   const uint32_t* keys;  // shared-memory keys, or nullptr to recompute from scores
   int pages, sinks, window;
   QP_DEVICE bool reserved(int p) const { return p < sinks || p >= pages - window; }
-  QP_DEVICE uint32_t key(int p) const { return keys ? keys[p] : order_key(__ldg(scores + p)); }
+  QP_DEVICE uint32_t key(int p) const { return keys ? keys[p] : order_key(__ldcg(scores + p)); }
 };
 
 // Exclusive prefix sum of `x` over the CTA in thread order; *total gets the sum.
@@ -160,7 +159,11 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
   uint32_t* keys = reinterpret_cast<uint32_t*>(dyn);
   __shared__ uint32_t hist[TK_BINS], warp_sums[64], state[3];
   const int b = blockIdx.x, h = blockIdx.y;
-  const int start = indptr[b], pages = indptr[b + 1] - start;
+  const int start = indptr[b], pages = indptr[b + 1] - start;  // page tables: ready before estimate
+  // Scores come from the grid before (estimate); L2 loads (__ldcg) below, never the read-only
+  // path, since that grid may still have been writing them when this one started.
+  grid_wait();
+  grid_release();  // attention's CTAs load q and their row plan on the free SMs meanwhile
   int* out = sel + ((size_t)h * batch + b) * k_pages;
   const int chosen = min(k_pages, pages);
   if (h == 0 && threadIdx.x == 0) count[b] = chosen;
@@ -176,7 +179,7 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         const int p = base + j * TK_THREADS + threadIdx.x;
-        f[j] = p < pages ? __ldg(row.scores + p) : 0.f;
+        f[j] = p < pages ? __ldcg(row.scores + p) : 0.f;
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {

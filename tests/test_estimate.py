@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import make_case, poison, rel_err
-from questprof import reference
-from questprof.layout import from_storage, random_queries
+from questprof.core import reference
+from questprof.core.layout import from_storage, random_queries
 
 pytestmark = pytest.mark.gpu
 

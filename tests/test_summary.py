@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import full_plan, poison
-from questprof import reference
-from questprof.layout import append_plan, from_storage, random_paged_kv, rebuild_plan, to_storage
+from questprof.core import reference
+from questprof.core.layout import append_plan, from_storage, random_paged_kv, rebuild_plan, to_storage
 
 pytestmark = pytest.mark.gpu
 

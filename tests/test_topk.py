@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import poison
-from questprof import reference
-from questprof.layout import PagedKV, page_tables
+from questprof.core import reference
+from questprof.core.layout import PagedKV, page_tables
 
 pytestmark = pytest.mark.gpu
 

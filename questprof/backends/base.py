@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from questprof.layout import AppendPlan, PagedKV
+from questprof.core.layout import AppendPlan, PagedKV
 
 
 class BackendUnavailable(RuntimeError):
@@ -21,6 +21,7 @@ class Backend(Protocol):
     name: str
     is_gpu: bool
     fallback_reason: str | None
+    quest_path: str  # how quest() runs: 'composed', 'pdl', or 'plain: <why PDL is not used>'
 
     def put(self, host_kv: PagedKV) -> PagedKV: ...
     def asarray(self, host_array): ...
@@ -38,3 +39,8 @@ class Backend(Protocol):
 
     def attention(self, q, kv: PagedKV, sel=None, count=None):
         """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense when sel is None."""
+
+    def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
+              window: int = 0):
+        """One decode step, estimate -> topk -> attention over the selection: (out, lse) as
+        attention returns them; equal to the three calls composed."""

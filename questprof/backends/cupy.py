@@ -1,8 +1,11 @@
 """The CuPy backend: the Quest stages as CUDA kernels from kernels/*.cu (RawModule, NVRTC).
 
-Three layers per kernel: `_kernel` (cached module of one template instance), a launcher named
+Three layers per kernel: `load_kernel` (cached module of one template instance), a launcher named
 after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
 current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
+Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
+backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
+top-K and attention with programmatic dependent launch (backends/pdl.py) where it is available.
 """
 
 from __future__ import annotations
@@ -14,37 +17,46 @@ import cupy
 import numpy as np
 
 from questprof import KERNELS_DIR
-from questprof.layout import AppendPlan, PagedKV, storage_dtype
-from questprof.reference import MODES, reserved_positions
+from questprof.backends import constants
+from questprof.backends.pdl import Launcher, PlainLaunch
+from questprof.core.layout import AppendPlan, PagedKV, storage_dtype
+from questprof.core.reference import reserved_positions
+from questprof.core.stages import MODES, check_mode
 
+_C = constants.load()
 _TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common.cuh
-GROUPS = (1, 2, 4, 8)  # q heads per CTA the kernels are instantiated for
-HEAD_DIMS = (64, 128)
-PAGE_SIZES = (8, 16, 32, 64)
-EST_THREADS, EST_UNROLL = 256, 2  # kernels/estimate.cu
-EST_BLOCKS_PER_SM = {1: 4, 2: 4, 4: 3, 8: 2}  # G -> est_blocks_per_sm (its register cap)
-TK_THREADS = 1024  # kernels/topk.cu
+GROUPS = _C["QP_GROUPS"]  # q heads per CTA the kernels are instantiated for
+HEAD_DIMS = _C["QP_HEAD_DIMS"]
+PAGE_SIZES = _C["QP_PAGE_SIZES"]
+EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
+TK_THREADS = _C["TK_THREADS"]
+ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
-ATT_WARPS = 4  # kernels/attention.cu
-ATT_PIPE = {1: (8, 3), 2: (8, 3), 4: (8, 3), 8: (8, 2)}  # G -> (NL, NS): kernels/attention_tile.cuh Pipe
-ATT_MAX_PAGES = 512  # pages of one split staged in shared memory (kernels/attention.cu)
 CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 4) fit 2 per SM
+# Stages of quest() whose kernels release the next grid right after their own grid_wait; the
+# others let it launch as they end. H200, us per layer (MHA 32K-2048 / 128K-4096 / 32K B8): plain
+# launches 33.2 / 67.6 / 148.5; PDL releasing early in all three 36.0 / 73.5 / 150.9; in top-K
+# only (attention loads q and its row plan while top-K selects) 32.0 / 66.5 / 146.1.
+QUEST_EARLY_RELEASE = ("topk",)
 _NULL = np.uint64(0)  # a null pointer argument
 _i32 = np.int32
+_plain = PlainLaunch()
 
 
 @functools.cache
-def _module(stage: str, expression: str) -> cupy.RawModule:
+def _module(stage: str, expression: str, defines: tuple[str, ...] = ()) -> cupy.RawModule:
     """RawModule of kernels/<stage>.cu holding one kernel instance; errors name the real file."""
     source = (KERNELS_DIR / f"{stage}.cu").read_text(encoding="utf-8")
     code = f'#line 1 "kernels/{stage}.cu"\n{source}'
-    options = ("-std=c++17", f"-I{KERNELS_DIR}")
+    options = ("-std=c++17", f"-I{KERNELS_DIR}", *(f"-D{d}" for d in defines))
     return cupy.RawModule(code=code, options=options, name_expressions=(expression,))
 
 
 @functools.cache
-def _kernel(stage: str, expression: str) -> cupy.RawKernel:
-    return _module(stage, expression).get_function(expression)
+def load_kernel(stage: str, expression: str, defines: tuple[str, ...] = ()) -> cupy.RawKernel:
+    """The kernel `expression` (a template instance or extern "C" name) of kernels/<stage>.cu,
+    built with the preprocessor `defines` ("NAME=VALUE")."""
+    return _module(stage, expression, defines).get_function(expression)
 
 
 @functools.cache
@@ -105,30 +117,30 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
         if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
     args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
-    kernel = _kernel("summary", f"summary_kernel<{_tag(kv.dtype)}, {kv.head_dim}>")
+    kernel = load_kernel("summary", f"summary_kernel<{_tag(kv.dtype)}, {kv.head_dim}>")
     kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size)))
 
 
-def estimate(q, kv: PagedKV, mode: str = "per-head"):
+def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
     _check_kv(kv)
-    if mode not in MODES:
-        raise ValueError(f"unknown selection mode {mode!r}: expected one of {MODES}")
+    check_mode(mode)
     q_heads, g = _check_q(q, kv)
     nnz, d = int(kv.kv_indices.size), kv.head_dim
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
     tiles = -(-nnz * kv.kv_heads // (EST_UNROLL * EST_THREADS // (d // 8)))
     # Persistent: at most one resident wave, each block walks tiles grid-stride (>= 1 for nnz 0).
-    grid = max(1, min(tiles, EST_BLOCKS_PER_SM[_group(g)] * _sm_count()))
+    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", _group(g))
+    grid = max(1, min(tiles, blocks_per_sm * _sm_count()))
     expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
-    _kernel("estimate", expr)((grid,), (EST_THREADS,), (
+    launch(load_kernel("estimate", expr, launch.defines("estimate")), (grid,), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz)))
+        _i32(nnz)), stage="estimate")
     return scores
 
 
-def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
+def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain):
     """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32)."""
     nnz = int(kv.kv_indices.size)
     if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
@@ -141,11 +153,12 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
     count = cupy.empty(batch, dtype=cupy.int32)
     smem = max(kv.pages()) * 4
     cached = smem <= TK_SMEM_LIMIT
-    kernel = _kernel("topk", "topk_kernel")
+    kernel = load_kernel("topk", "topk_kernel", launch.defines("topk"))
     kernel.max_dynamic_shared_size_bytes = smem if cached else 0
-    kernel((batch, heads), (TK_THREADS,), (
+    launch(kernel, (batch, heads), (TK_THREADS,), (
         cupy.ascontiguousarray(scores), kv.kv_indptr, sel, count, _i32(batch), _i32(nnz),
-        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)), shared_mem=smem if cached else 0)
+        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)), shared_mem=smem if cached else 0,
+        stage="topk")
     return sel, count
 
 
@@ -173,7 +186,7 @@ def _rows(q_heads: int, g: int, kv: PagedKV, sel, count) -> tuple[int, int, int]
     return q_heads // heads, min(k_sel, max(kv.pages())), k_sel
 
 
-def attention(q, kv: PagedKV, sel=None, count=None):
+def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
 
     count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
@@ -183,9 +196,9 @@ def attention(q, kv: PagedKV, sel=None, count=None):
     G, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
     d, tag = kv.head_dim, _tag(kv.dtype)
     rows = kv.batch * (q_heads // _group(G))
-    loads, stages = ATT_PIPE[G]
+    loads, stages = (constants.per_group(name, G) for name in ("ATT_LOADS", "ATT_STAGES"))
     splits, per_split = _splits(rows, max(row_pages, 1), kv.page_size, loads * (32 // (d // 8)))
-    ring = ATT_WARPS * stages * 2 * loads * 32 * 16  # bytes of the 4 warps' cp.async rings
+    ring = ATT_WARPS * stages * 2 * loads * 32 * 16  # bytes of the warps' cp.async rings
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
     ws_o = ws_lse = row_done = _NULL
@@ -193,16 +206,29 @@ def attention(q, kv: PagedKV, sel=None, count=None):
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
         row_done = _row_done(rows)
-    kernel = _kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>")
+    kernel = load_kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>",
+                         launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
-    kernel((splits, rows), (ATT_WARPS * 32,), (
+    launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
         q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
         _i32(q_heads), _i32(kv.kv_heads), _i32(q_heads // G), _i32(k_sel),
         _i32(sel is not None and count.ndim == 2), _i32(per_split),
         np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse, row_done),
-        shared_mem=ring)
+        shared_mem=ring, stage="attention")
     return out, lse
+
+
+def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
+          launch=_plain):
+    """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
+
+    With a PDL `Launcher`, top-K and attention start while the stage before them drains: each
+    kernel reads only the step's inputs (page tables, q) before its grid_wait.
+    """
+    scores = estimate(q, kv, mode, launch=launch)
+    sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
+    return attention(q, kv, sel, count, launch=launch)
 
 
 _ROW_DONE: dict[int, cupy.ndarray] = {}
@@ -218,14 +244,23 @@ def _row_done(rows: int) -> cupy.ndarray:
 
 
 class CupyBackend:
-    """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream."""
+    """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream.
+
+    `quest_path` says how `quest` launches: 'pdl' (programmatic dependent launch through
+    cuda.bindings), or 'plain: <why not>' (three ordinary launches).
+    """
 
     name = "cupy"
     is_gpu = True
 
-    def __init__(self) -> None:
+    def __init__(self, pdl: bool = True) -> None:
         self.fallback_reason: str | None = None
+        self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
         _row_done(1)  # allocated now, not inside the first CUDA-graph capture of a pass
+
+    @property
+    def quest_path(self) -> str:
+        return self._launch.path
 
     def put(self, host_kv: PagedKV) -> PagedKV:
         return host_kv.with_arrays(cupy.asarray)
@@ -250,3 +285,7 @@ class CupyBackend:
 
     def attention(self, q, kv: PagedKV, sel=None, count=None):
         return attention(q, kv, sel, count)
+
+    def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
+              window: int = 0):
+        return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch)

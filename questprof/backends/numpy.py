@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from questprof import reference
-from questprof.layout import AppendPlan, PagedKV, from_storage, to_storage
+from questprof.core import reference
+from questprof.core.layout import AppendPlan, PagedKV, from_storage, to_storage
 
 
 def _readable(x, dtype: str):
@@ -18,6 +18,7 @@ class NumpyBackend:
 
     name = "numpy"
     is_gpu = False
+    quest_path = "composed"  # quest() is the three stage calls in sequence
 
     def __init__(self) -> None:
         self.fallback_reason: str | None = None
@@ -51,3 +52,9 @@ class NumpyBackend:
             from_storage(q, kv.dtype), _readable(kv.k, kv.dtype), _readable(kv.v, kv.dtype),
             kv.kv_indptr, kv.kv_indices, kv.last_page_len, sel, count)
         return to_storage(out, kv.dtype), lse.astype(np.float32)
+
+    def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
+              window: int = 0):
+        scores = self.estimate(q, kv, mode)
+        sel, count = self.topk(scores, kv, k_pages, sinks, window)
+        return self.attention(q, kv, sel, count)

@@ -1,0 +1,41 @@
+// Launch constants: the one definition shared by the kernels and their launcher.
+// questprof/backends/constants.py parses this file for questprof/backends/cupy.py, so the Python
+// side holds no copy. Keep to the two forms it reads (a test fails on anything else):
+//   constexpr int NAME = <integer>;
+//   constexpr int NAME[] = {<integer>, ...};
+// Arrays indexed by group_index(G) hold one value per G of QP_GROUPS.
+#pragma once
+
+// Variants the launcher may ask for (QP_INSTANTIATE_ALL builds the same set in CI).
+constexpr int QP_GROUPS[] = {1, 2, 4, 8};  // q heads served per CTA (attention) / per KV head
+constexpr int QP_HEAD_DIMS[] = {64, 128};
+constexpr int QP_PAGE_SIZES[] = {8, 16, 32, 64};
+
+// estimate.cu. 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
+// flight per thread, 64-128 KB per SM, while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per
+// SM; 4 units per batch would need more than 64 registers.
+constexpr int EST_THREADS = 256;
+constexpr int EST_UNROLL = 2;
+// Resident blocks per SM, the register cap the launcher sizes its one wave by. nvcc 13.0 sm_90:
+// G 1-2 fit 64 registers (4 blocks); G 4 needs 77-79 (3) and G 8 108 (2); one block more spills
+// (G 8: 16-52 B at 3).
+constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2};
+
+// topk.cu: one CTA per (request, head).
+constexpr int TK_THREADS = 1024;
+
+// attention.cu and attention_tile.cuh.
+constexpr int ATT_WARPS = 4;
+constexpr int ATT_MAX_PAGES = 512;  // pages of one split staged in shared memory
+// Per-warp cp.async ring: loads per lane per tile (NL) and stages (NS). Shared memory per CTA =
+// ATT_WARPS x NS x 8 KiB: 96 KiB for G <= 4 (2 CTAs per SM), 64 KiB for G 8, whose combine
+// arrays take 16 KiB more.
+constexpr int ATT_LOADS[] = {8, 8, 8, 8};
+constexpr int ATT_STAGES[] = {3, 3, 3, 2};
+
+// Position of G in QP_GROUPS, -1 when G is not built (used in constant expressions only).
+__host__ __device__ constexpr int group_index(int g) {
+  for (int i = 0; i < int(sizeof(QP_GROUPS) / sizeof(QP_GROUPS[0])); ++i)
+    if (QP_GROUPS[i] == g) return i;
+  return -1;
+}

@@ -1,0 +1,130 @@
+"""Programmatic dependent launch (PDL) of CuPy-compiled kernels through NVIDIA's cuda.bindings.
+
+A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the
+previous kernel of its stream still runs, once every CTA of that kernel has passed
+`griddepcontrol.launch_dependents` (grid_release in kernels/common.cuh); it waits for that kernel's
+completion in `griddepcontrol.wait` (grid_wait). Kernels stay compiled by CuPy (RawModule); only
+the launch goes through `cuLaunchKernelEx`, on the current CuPy stream, also inside a CUDA-graph
+capture. Where cuda.bindings is missing, the GPU predates sm_90 or the driver refuses a launch,
+`Launcher` makes plain CuPy launches and says why in `path`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import cupy
+import numpy as np
+
+PDL = "pdl"  # Launcher.path when launches carry the PDL attribute
+PLAIN = "plain"
+
+
+def _driver():
+    """cuda.bindings.driver, or ImportError when the package is not installed."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+def unavailable_reason() -> str | None:
+    """Why PDL launches cannot be made on the current device, or None when they can."""
+    try:
+        _driver()
+    except Exception as exc:  # ImportError, or a binding that fails to load
+        return f"cuda.bindings is not importable ({type(exc).__name__}: {exc})"
+    major = int(cupy.cuda.Device().compute_capability[:-1])
+    if major < 9:
+        return f"compute capability {cupy.cuda.Device().compute_capability} < 9.0 has no PDL"
+    return None
+
+
+def _arg(x):
+    """A kernel argument as the ctypes value the driver copies."""
+    if isinstance(x, cupy.ndarray):
+        return ctypes.c_void_p(x.data.ptr)
+    if isinstance(x, np.int32):
+        return ctypes.c_int32(int(x))
+    if isinstance(x, np.float32):
+        return ctypes.c_float(float(x))
+    if isinstance(x, np.uint64):  # a pointer passed as an integer (the null pointer)
+        return ctypes.c_uint64(int(x))
+    raise TypeError(f"no PDL argument conversion for {type(x).__name__}")
+
+
+def _dim3(x) -> tuple[int, int, int]:
+    x = tuple(int(v) for v in x)
+    return x + (1,) * (3 - len(x))
+
+
+class PlainLaunch:
+    """Ordinary CuPy launches on the current stream, of the default kernel builds."""
+
+    path = PLAIN
+
+    def defines(self, stage: str) -> tuple[str, ...]:
+        return ()
+
+    def __call__(self, kernel, grid, block, args, shared_mem: int = 0, stage: str = "") -> None:
+        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+
+
+STAGES = ("estimate", "topk", "attention")
+
+
+class Launcher(PlainLaunch):
+    """Launches on the current CuPy stream, `stages` with the PDL attribute while it is available.
+
+    `early`: stages whose kernels release their dependents right after their own grid_wait
+    (kernels/common.cuh, QP_EARLY_RELEASE); the others let the next grid launch as they end.
+    """
+
+    def __init__(self, enabled: bool = True, stages=STAGES, early=STAGES) -> None:
+        self.reason = unavailable_reason() if enabled else "PDL not asked for"
+        self.stages, self.early = tuple(stages), tuple(early)
+
+    @property
+    def path(self) -> str:
+        """'pdl', or 'plain: <why not>'."""
+        return PDL if self.reason is None else f"{PLAIN}: {self.reason}"
+
+    def defines(self, stage: str) -> tuple[str, ...]:
+        """Preprocessor definitions of the kernel build this launcher runs for `stage`."""
+        return () if self.reason is not None or stage in self.early else ("QP_EARLY_RELEASE=0",)
+
+    def __call__(self, kernel, grid, block, args, shared_mem: int = 0, stage: str = "") -> None:
+        if self.reason is None and stage in self.stages:
+            version = getattr(kernel, "ptx_version", 90) or 90
+            if version < 90:  # griddepcontrol would be compiled out: no wait, a race
+                self.reason = f"kernels built for PTX {version} < 9.0 have no griddepcontrol"
+            else:
+                error = self._launch_pdl(kernel, grid, block, args, shared_mem)
+                if error is None:
+                    return
+                self.reason = error
+        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+
+    def _launch_pdl(self, kernel, grid, block, args, shared_mem: int) -> str | None:
+        """Launch through cuLaunchKernelEx; the driver's refusal as text, None on success."""
+        driver = _driver()
+        values = [_arg(a) for a in args]
+        pointers = (ctypes.c_void_p * max(1, len(values)))(
+            *[ctypes.addressof(v) for v in values])
+        attr = driver.CUlaunchAttribute()
+        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = _dim3(grid)
+        config.blockDimX, config.blockDimY, config.blockDimZ = _dim3(block)
+        config.sharedMemBytes = int(shared_mem)
+        config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
+        config.attrs = [attr]
+        config.numAttrs = 1
+        function = driver.CUfunction(kernel.kernel.ptr)
+        result = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
+        err = result[0] if isinstance(result, tuple) else result
+        if err == driver.CUresult.CUDA_SUCCESS:
+            return None
+        _, text = driver.cuGetErrorString(err)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        return f"the driver refused a PDL launch ({err.name}: {text})"
