@@ -195,3 +195,14 @@ def test_cold_layers_make_the_smallest_stage_outgrow_l2():
         assert (layers - 1) * smallest < COLD_FACTOR * l2 or layers == 2
     big = Config(shape, 131072, 8, 16, 2048)
     assert cold_layers(big, l2, 20 << 30) == 1  # one 16 GiB pool fits a 20 GiB budget
+
+
+def test_quest_bytes_are_the_sum_of_its_stages():
+    parts = {s: {"measured_read_bytes": r, "measured_write_bytes": w, "bytes_source": "cupti"}
+             for s, r, w in (("estimate", 100.0, 1.0), ("topk", 10.0, 2.0),
+                             ("attention", 1000.0, 3.0))}
+    got = sweep._summed_bytes(parts)
+    assert got == {"measured_read_bytes": 1110.0, "measured_write_bytes": 6.0,
+                   "bytes_source": "cupti-sum"}
+    del parts["topk"]
+    assert sweep._summed_bytes(parts) == {}

@@ -41,6 +41,7 @@ class Options:
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
+    idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
 
 
 def row_keys(cfg, peers: bool) -> list[tuple[str, str]]:
@@ -69,8 +70,13 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
         work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
     start = time.perf_counter()
     try:
+        if opts.idle is None:
+            from questprof.measure import cupti
+
+            opts.idle = cupti.idle_rate()
         read, write = dram.stage_bytes("cupti", work.launcher(stage), work.calls(stage),
-                                       pass_ms=pass_ms * work.calls(stage), seconds=0.01)
+                                       pass_ms=pass_ms * work.calls(stage), seconds=0.01,
+                                       idle=opts.idle)
     except Exception as exc:  # a failed measurement is a note on the row, never a lost row
         return {"note": f"bytes not measured: {type(exc).__name__}: {exc}"}
     finally:
@@ -88,9 +94,21 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options) -> tuple[dict
                     uses_torch=impl != OURS)
     timing = {**t.summary(), "note": t.note}
     got = {}
-    if opts.bytes_source == "cupti" and impl == OURS:
+    if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
         got = _bytes(work, stage, opts, t.median)
     return timing, got
+
+
+def _summed_bytes(parts: dict) -> dict:
+    """The Quest step's measured bytes as the sum of its three stages' (bytes add up; measuring
+    the step again doubled the sweep's byte time on the H200), or {} when one is missing."""
+    got = [parts.get(s) or {} for s in model.QUEST_STAGES]
+    if any(g.get("measured_read_bytes") is None for g in got):
+        return {}
+    write = [g.get("measured_write_bytes") for g in got]
+    return {"measured_read_bytes": sum(g["measured_read_bytes"] for g in got),
+            "measured_write_bytes": None if None in write else sum(write),
+            "bytes_source": f"{got[0]['bytes_source']}-sum"}
 
 
 def _ncu_bytes(cfg, keys, opts: Options, dense_budget: bool) -> dict:
@@ -141,6 +159,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
                                       impl=i, layers=layers, union=work.union, **kw)
     dense_budget = cfg.is_dense_budget
     ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
+    parts = {}
     for stage, impl in keys:
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
@@ -160,8 +179,10 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
             opts.shared[key] = (timing, got)
         reason = DENSE_REASON if runs != stage else None
         got = {**got, **ncu.get((runs, impl), {})}
+        if impl == OURS:
+            parts[runs] = got
         if runs == "quest":
-            got["pipeline"] = work.quest_path
+            got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
         yield row(stage, impl, timing=timing, work=work.work(runs), reason=reason, **got)
     del work
     release(backend)

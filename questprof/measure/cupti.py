@@ -194,11 +194,28 @@ def _interval(seconds: float) -> int:
     return max(INTERVAL_NS, int(math.ceil(need / INTERVAL_NS)) * INTERVAL_NS)
 
 
-def measure(launch, repeats: int, expected_seconds: float = 0.05) -> DramBytes:
+@dataclass(frozen=True)
+class IdleRate:
+    """DRAM bytes per second of an idle device, from one idle window (subtracted from later
+    windows instead of an idle window of their own: that halves a measurement's time)."""
+
+    read: float
+    write: float
+
+
+def idle_rate(seconds: float = 0.02) -> IdleRate:
+    """The idle device's DRAM read and write rates over one window of `seconds`."""
+    read, write, took, _ = _window(lambda: time.sleep(seconds), _interval(seconds))
+    return IdleRate(read / took, write / took)
+
+
+def measure(launch, repeats: int, expected_seconds: float = 0.05,
+            idle: IdleRate | None = None) -> DramBytes:
     """DRAM bytes of one `launch()` (asynchronous, on the current stream), `repeats` summed.
 
     The caller warms the region up first (compilation, allocation) and picks `repeats` so the
-    window is long enough for a stable sum (tens of ms on an H200 at 4.5 TB/s).
+    window is long enough for a stable sum (tens of ms on an H200 at 4.5 TB/s). The idle
+    baseline is an idle window of the same length, or `idle`'s rates over the window.
     """
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
@@ -209,7 +226,10 @@ def measure(launch, repeats: int, expected_seconds: float = 0.05) -> DramBytes:
             launch()
 
     read, write, seconds, samples = _window(region, interval)
-    idle_read, idle_write, _, _ = _window(lambda: time.sleep(seconds), interval)
+    if idle is None:
+        idle_read, idle_write, _, _ = _window(lambda: time.sleep(seconds), interval)
+    else:
+        idle_read, idle_write = idle.read * seconds, idle.write * seconds
     return DramBytes((read - idle_read) / repeats, (write - idle_write) / repeats, repeats,
                      seconds, samples, idle_read, idle_write)
 

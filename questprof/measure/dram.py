@@ -43,9 +43,10 @@ def gpm_bytes(fn, repeats: int, full_scale_gbs: float) -> float:
 
 def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=None,
                 full_scale: float | None = None, protocol: str = "rotate",
-                pass_ms: float | None = None, seconds: float | None = None):
+                pass_ms: float | None = None, seconds: float | None = None, idle=None):
     """(read, write) DRAM bytes of one call of launch(layer), layers 0..calls-1 (write None for
-    GPM). pass_ms: the time of one pass when known (skips a timing run)."""
+    GPM). pass_ms: the time of one pass when known (skips a timing run); idle: a CUPTI
+    IdleRate to subtract instead of an idle window per measurement."""
     from questprof.measure import cupti
 
     seconds = seconds or TARGET_SECONDS.get(source, 0.03)
@@ -54,7 +55,7 @@ def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=
             for layer in range(calls):
                 launch(layer)
 
-        got = cupti.measure(rotation, repeats_for(rotation, seconds, pass_ms), seconds)
+        got = cupti.measure(rotation, repeats_for(rotation, seconds, pass_ms), seconds, idle)
         return got.read / calls, got.write / calls
 
     def with_stage():
