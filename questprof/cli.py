@@ -75,7 +75,7 @@ def sweep(
     layers: Annotated[Optional[int], typer.Option(help=default(
         "Simulated layers per timed pass", ">= 8x L2 on a GPU, 1 on the CPU"))] = None,
     repeats: Annotated[Optional[int], typer.Option(help=default(
-        "Timed passes per stage", "20 on a GPU, 5 on the CPU"))] = None,
+        "Timed passes per stage", "20 on a GPU, 3 on the CPU"))] = None,
     warmup: Annotated[Optional[int], typer.Option(help=default(
         "Untimed passes first", "3 on a GPU, 0 on the CPU"))] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
