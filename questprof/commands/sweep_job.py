@@ -38,6 +38,20 @@ def resolve_args(resume: Path | None, given: dict) -> dict:
     return {k: v if v is not None else DEFAULTS.get(k) for k, v in merged.items()}
 
 
+def check_shape(shape, backend) -> None:
+    """A model shape the GPU kernels are not built for is one clear line, before any work."""
+    if not backend.is_gpu:
+        return
+    from questprof.backends.cupy import GROUPS, HEAD_DIMS
+
+    if shape.group not in GROUPS:
+        raise ConfigError(f"model {shape.name}: {shape.group} q heads per KV head; the kernels "
+                          f"are built for {', '.join(map(str, GROUPS))} (--backend numpy runs it)")
+    if shape.head_dim not in HEAD_DIMS:
+        raise ConfigError(f"model {shape.name}: head_dim {shape.head_dim}; the kernels are built "
+                          f"for {', '.join(map(str, HEAD_DIMS))}")
+
+
 def check_extras(args: dict, backend) -> None:
     """--bytes, --e2e and --gpus before any work: a clear error instead of a failure later."""
     from questprof.core.config import validate_budget, validate_page_size
@@ -173,6 +187,7 @@ def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) 
     backend = get_backend(args["backend"])
     args["e2e_default"] = args["e2e"] is None
     args["e2e"] = backend.is_gpu if args["e2e"] is None else args["e2e"]
+    check_shape(scenario.model, backend)
     check_extras(args, backend)
     source, status = byte_source(args["bytes_source"], backend)
     console.banner(backend)
