@@ -8,7 +8,9 @@ or a user's safetensors capture (docs/FIDELITY.md). Rows land in a results direc
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
@@ -16,9 +18,9 @@ from questprof.core.reference import MODES
 from questprof.results import ResultsWriter, append_rows, load, now
 
 DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k"}
-DEFAULT_PAGE_SIZES = "8,16,32"
-DEFAULT_BUDGETS = "64,128,256,512,1024"
-DTYPES = ("fp32", "fp16")  # fp32: the cache as the captured model computed it
+# auto: fp32 (the cache as the captured model computed it) on the NumPy reference, fp16 on a
+# GPU, whose kernels are built for fp16 and bf16 storage
+DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
 def _needs(*modules: str) -> None:
@@ -48,7 +50,7 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
 def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
                  depths: str = "0.1,0.5,0.9", dense_layers: int | None = None,
-                 dtype: str = "fp32", task: bool = True, seed: int = 0):
+                 dtype: str = "auto", task: bool = True, seed: int = 0):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
     from questprof.fidelity.runner import SOURCES, Request
     if source not in SOURCES:
@@ -56,19 +58,24 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
     if steps < 1:
         raise ConfigError(f"--steps {steps} must be at least 1")
     if source == "cache" and not cache_path:
-        raise ConfigError("--source cache needs --cache FILE.safetensors")
+        raise ConfigError("--source cache needs the capture file: "
+                          "questprof fidelity --source cache FILE.safetensors")
     _needs("torch", "safetensors", *(("transformers",) if source in ("passkey", "natural") else ()))
-    parts = [p.strip() for p in depths.split(",") if p.strip()]
-    try:
-        depth = tuple(float(p) for p in parts)
-    except ValueError:
-        raise ConfigError(f"--depths {depths!r}: expected fractions such as 0.1,0.5,0.9") from None
-    if not depth or not all(0.0 <= d <= 1.0 for d in depth):
-        raise ConfigError(f"--depths {depths!r}: each depth must be within 0..1")
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
-    return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps, depth,
-                   _dense_layers(source, scenario, dense_layers), task, seed,
+    return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps,
+                   _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,
                    scenario or "smoke", model_path or "smollm2", str(cache_path or ""))
+
+
+def _depths(text: str) -> tuple[float, ...]:
+    """Passkey depths from '0.1,0.5,0.9' (fractions of the filler before the key line)."""
+    try:
+        depths = tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ConfigError(f"--depths {text!r}: expected fractions such as 0.1,0.5,0.9") from None
+    if not depths or not all(0.0 <= d <= 1.0 for d in depths):
+        raise ConfigError(f"--depths {text!r}: each depth must be within 0..1")
+    return depths
 
 
 def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
@@ -96,10 +103,32 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
                          "dtype": request.grid.dtype, "cache": request.cache_path}}
 
 
+def storage_dtype(backend) -> str:
+    """The cache dtype of `auto`: fp16 for the GPU kernels, fp32 for the NumPy reference."""
+    return "fp16" if backend.is_gpu else "fp32"
+
+
+def with_dtype(request, backend):
+    """The request with dtype 'auto' resolved for `backend`."""
+    if request.grid.dtype != "auto":
+        return request
+    return replace(request, grid=replace(request.grid, dtype=storage_dtype(backend)))
+
+
 def check_min_recall(min_recall: float) -> float:
     if not 0.0 < min_recall <= 1.0:
         raise ConfigError(f"--min-recall {min_recall} must be a fraction in (0, 1]")
     return min_recall
+
+
+def _joined_meta(out_dir: Path, fresh: dict) -> dict:
+    """meta.json for out_dir: `fresh`, or, when out_dir already holds a run (a sweep), its meta
+    with the fidelity fields added, so its rows and ours make one report (the frontier)."""
+    if not (out_dir / "meta.json").is_file():
+        return fresh
+    old = load(out_dir)[1]
+    return {**old, "min_recall": fresh["min_recall"], "fidelity": fresh["fidelity"],
+            "fidelity_command": fresh["command"]}
 
 
 def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto",
@@ -109,11 +138,15 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     from questprof.fidelity.runner import fidelity_rows
     check_min_recall(min_recall)
     backend = get_backend(backend_name)
+    request = with_dtype(request, backend)
     out_dir = Path(out_dir)
     started = time.perf_counter()
-    with ResultsWriter(out_dir, _meta(request, backend, command, min_recall)) as writer:
+    produced = fidelity_rows(request, backend, log)
+    first = next(produced, None)  # a bad model or cache file fails here, before out_dir exists
+    meta = _joined_meta(out_dir, _meta(request, backend, command, min_recall))
+    with ResultsWriter(out_dir, meta) as writer:
         count = 0
-        for row in fidelity_rows(request, backend, log):
+        for row in itertools.chain([first] if first is not None else [], produced):
             writer.append(row)
             count += 1
         writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
@@ -140,7 +173,7 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
     budgets = tuple(sorted({c.budget for c in configs}))
     modes = tuple(dict.fromkeys(c.mode for c in configs))
     length = min(min(c.length for c in configs), 4096)
-    grid = FidelityGrid(sizes, budgets, modes, "fp32")
+    grid = FidelityGrid(sizes, budgets, modes, storage_dtype(backend))
     request = Request("synthetic", grid, (length,), 4, dense_layers=scenario.model.dense_layers,
                       scenario=str(scenario.path))
     rows = list(fidelity_rows(request, backend, log))

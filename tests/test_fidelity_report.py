@@ -1,0 +1,77 @@
+"""The fidelity part of the report: summaries, the recommendation under the floor, the HTML."""
+
+import numpy as np
+import pytest
+
+from questprof.report import fidelity as fidelity_report
+from questprof.report import fidelity_frames as ff
+from questprof.report import write_report
+from questprof.results import frame as results_frame
+
+BUDGETS = {256: 0.8, 1024: 0.95}  # budget -> mass recall of every head: only 1024 passes 0.9
+
+
+def _speed_rows():
+    rows = []
+    for budget, quest_ms in ((256, 0.1), (1024, 0.3)):
+        for stage, ms in (("dense", 1.0), ("quest", quest_ms)):
+            rows.append({"stage": stage, "median_ms": ms, "status": "ok", "length": 32768,
+                         "batch": 1, "page_size": 16, "budget": budget, "mode": "per-head",
+                         "backend": "cupy"})
+    return rows
+
+
+def _fidelity_rows(rng):
+    rows = []
+    for budget, recall in BUDGETS.items():
+        for layer in range(4):
+            for head in range(3):
+                value = recall + rng.uniform(-0.01, 0.01)
+                rows.append({"stage": "fidelity", "status": "ok", "source": "passkey",
+                             "model": "m", "length": 4096, "batch": 1, "page_size": 16,
+                             "budget": budget, "mode": "per-head", "layer": layer, "head": head,
+                             "step": None, "dense_layer": layer < 1, "mass_recall": value,
+                             "oracle_mass": value + 0.01, "top10_recall": 1.0,
+                             "page_recall": 0.9, "output_rel_error": 1 - value,
+                             "bound_slack": 50.0, "stale_mass_recall": value})
+    return rows
+
+
+@pytest.fixture
+def frame():
+    rng = np.random.default_rng(0)
+    return results_frame(_speed_rows() + _fidelity_rows(rng))
+
+
+def test_summary_leaves_the_dense_layers_out(frame):
+    s = ff.summary(frame)
+    assert list(s["heads"]) == [9, 9]  # 3 sparse layers x 3 heads per budget
+    assert ff.dense_layer_summary(frame)["heads"].tolist() == [3, 3]
+
+
+def test_recommendation_is_the_fastest_setting_above_the_floor(frame):
+    rec = ff.recommend(frame, 0.9)
+    assert rec["measured"]
+    assert rec["setting"]["budget"] == 1024 and rec["fastest"]["budget"] == 256
+    assert rec["setting"]["speedup"] == pytest.approx(1.0 / 0.3)
+    assert ff.recommend(frame, 0.7)["setting"]["budget"] == 256
+    assert ff.recommend(frame, 0.99)["setting"] is None
+
+
+def test_without_speed_rows_the_formula_ranks(frame):
+    rec = ff.recommend(frame[frame["stage"] == "fidelity"], 0.9)
+    assert not rec["measured"] and rec["setting"]["budget"] == 1024
+
+
+def test_report_shows_floor_recommendation_and_frontier(frame, tmp_path):
+    html = write_report(frame, {"min_recall": 0.9, "scenario": "t"}, tmp_path).read_text()
+    assert "Fidelity floor" in html and "&ge; 0.9" in html
+    glance = fidelity_report.glance(frame, {"min_recall": 0.9})
+    assert "budget 1k" in glance and "misses the floor" in glance
+    assert "fig-fidelity-frontier" in html and "fig-fidelity-heat" in html
+    assert "9. Fidelity" in html
+
+
+def test_report_without_fidelity_rows_has_no_fidelity_section(tmp_path):
+    html = write_report(results_frame(_speed_rows()), {}, tmp_path).read_text()
+    assert "Fidelity floor" not in html and "9. Fidelity" not in html
