@@ -34,6 +34,11 @@ COLUMNS = (
 )
 TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
                  "mem_clock_mhz", "throttled")
+# Byte verdicts (bytes --check-formula and the report's bytes section judge alike): a row whose
+# measured read is off the modelled read by more than BYTES_TOLERANCE is off the model; below
+# MIN_JUDGED_BYTES per layer, sector granularity and the L2's state dominate, so not judged.
+BYTES_TOLERANCE = 0.05
+MIN_JUDGED_BYTES = 1 << 20
 OURS = "ours"  # impl of our kernels; peers are named "torch-sdpa", "torch-naive", "torch-gather"
 VERDICTS = ("SAME", "FASTER", "SLOWER", "NOISY", "MISSING")
 STAGE_ORDER = ROW_STAGES  # the order of the rows of one configuration

@@ -342,3 +342,18 @@ def test_no_measured_bytes_says_why(tmp_path):
     meta = {**META, "bytes": {"source": None, "reason": "the numpy backend runs on the CPU"}}
     text = write_report(synthetic(measured=False), meta, tmp_path / "r.html").read_text()
     assert "did not measure DRAM bytes (the numpy backend runs on the CPU)" in text
+
+
+def test_bytes_under_one_mib_are_drawn_not_judged():
+    """The summary append reads ~0.2 MB per layer; the L2 decides what reaches DRAM there, so a
+    measured 0 must not be flagged as off the model (bytes --check-formula does not judge it)."""
+    from questprof.report import hardware
+
+    base = {"status": "ok", "impl": "ours", "batch": 1, "mode": "per-head", "page_size": 16,
+            "budget": 512, "length": 8192, "bytes_source": "cupti", "unmodelled_bytes": 0.0}
+    df = pd.DataFrame([{**base, "stage": "summary", "read_bytes": 200e3, "measured_read_bytes": 10.0},
+                       {**base, "stage": "dense", "read_bytes": 64e6, "measured_read_bytes": 80e6}])
+    rows = hardware.byte_rows(df).set_index("stage")
+    assert bool(rows.loc["summary", "small"]) and not rows.loc["summary", "off"]
+    assert bool(rows.loc["dense", "off"])
+    assert list(hardware.off_rows(df)["stage"]) == ["dense"]

@@ -11,10 +11,11 @@ import json
 import math
 from dataclasses import dataclass, field
 
-TOLERANCE = 0.05
+from questprof.results import BYTES_TOLERANCE as TOLERANCE
+from questprof.results import MIN_JUDGED_BYTES
+
 AGREEMENT = 0.01  # CUPTI and ncu on the same configuration and stage
 EXIT_OK, EXIT_FAIL, EXIT_NO_SOURCE = 0, 1, 3
-MIN_JUDGED_BYTES = 1 << 20  # below 1 MiB per layer, sector granularity and L2 state dominate
 NOT_JUDGED_IMPLS = ("torch-gather",)  # peers expected to exceed: the excess is named
 
 

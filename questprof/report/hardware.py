@@ -67,8 +67,8 @@ def roofline_figure(df: pd.DataFrame, ceilings: dict) -> go.Figure:
     return finish(fig, "Roofline: every kernel of every configuration", 520, hovermode="closest")
 
 
-TOLERANCE = 0.05  # a kernel row whose measured read is off the modelled read by more is flagged
-# (questprof bytes --check-formula judges with the same default)
+from questprof.results import BYTES_TOLERANCE as TOLERANCE  # noqa: E402 (bytes --check-formula's)
+from questprof.results import MIN_JUDGED_BYTES  # noqa: E402
 
 
 def _ours(rows: pd.DataFrame) -> pd.Series:
@@ -88,14 +88,15 @@ def byte_rows(df: pd.DataFrame) -> pd.DataFrame:
     judged). Rows whose modelled read is 0 are left out."""
     ok = measured(df)
     if "measured_read_bytes" not in ok:
-        return ok.iloc[0:0].assign(modelled_read=[], ratio=[], off=[], peer=[])
+        return ok.iloc[0:0].assign(modelled_read=[], ratio=[], off=[], peer=[], small=[])
     rows = ok[ok["stage"].isin(KERNELS) & ok["measured_read_bytes"].notna()].copy()
     rows["modelled_read"] = rows["read_bytes"].astype(float) + rows["unmodelled_bytes"].astype(
         float).fillna(0)
     rows = rows[rows["modelled_read"] > 0]
     rows["ratio"] = rows["measured_read_bytes"].astype(float) / rows["modelled_read"]
     rows["peer"] = ~_ours(rows)
-    rows["off"] = ~rows["peer"] & ((rows["ratio"] - 1).abs() > TOLERANCE)
+    rows["small"] = rows["modelled_read"] < MIN_JUDGED_BYTES  # reported, not judged
+    rows["off"] = ~rows["peer"] & ~rows["small"] & ((rows["ratio"] - 1).abs() > TOLERANCE)
     return rows
 
 

@@ -35,7 +35,8 @@ def _sources(df: pd.DataFrame) -> str:
 
 def _off_table(df: pd.DataFrame) -> str:
     off = hardware.off_rows(df)
-    judged = int((~hardware.byte_rows(df)["peer"]).sum())
+    rows = hardware.byte_rows(df)
+    judged = int((~rows["peer"] & ~rows["small"]).sum())
     tol = f"{hardware.TOLERANCE:.0%}"
     if off.empty:
         return f"<p>All {judged} kernel rows are within {tol} of the model.</p>"
@@ -99,7 +100,10 @@ def section(df: pd.DataFrame, meta: dict) -> str:
     lede = (f"<p>{_sources(df)} The modelled read is the formula's bytes plus the bytes it "
             f"leaves out (unmodelled: queries, scores, selections, page tables). A kernel row "
             f"whose measured read is off the modelled read by more than {tol} (the tolerance of "
-            f"<code>questprof bytes --check-formula</code>) is ringed in red and listed below.</p>")
+            f"<code>questprof bytes --check-formula</code>) is ringed in red and listed below. "
+            f"Rows under {hardware.MIN_JUDGED_BYTES >> 20} MiB per layer (the summary append, "
+            f"small top-K score arrays) are drawn but not judged: at that size sector "
+            f"granularity and the L2's state decide what reaches DRAM.</p>")
     return (lede + figure(hardware.bytes_figure(df), "bytes") + _peers(df)
             + table(ratios, columns, "bytes-table", numeric={"rows", "median", "min", "max", "off"})
             + _off_table(df) + _rho(df))
