@@ -225,3 +225,24 @@ def test_short_rotations_are_named():
     rows = [row("attention", 100 * MIB)]
     bytecheck._note_short_rotations(rows, work)
     assert not rows[0].get("note")
+
+
+def test_a_failing_source_is_one_line_and_the_others_still_run(monkeypatch):
+    """bytes --source all stopped with a traceback when CUPTI failed to configure."""
+    monkeypatch.setattr(bytecheck, "source_status",
+                        lambda source: {"cupti": None, "ncu": None, "nvml": "no GPM here"})
+    monkeypatch.setattr("questprof.backends.get_backend", lambda name: object())
+    monkeypatch.setattr("questprof.measure.ceilings.Flush", lambda: None)
+    monkeypatch.setattr("questprof.measure.cupti.release", lambda: None)
+
+    def measure(src, configs, backend, flush, naive, protocol, log):
+        if src == "cupti":
+            raise RuntimeError("CUPTI configure: ERROR_INVALID_PARAMETER")
+        return [raw("dense", source=src)], []
+
+    monkeypatch.setattr(bytecheck, "_measure_source", measure)
+    result = bytecheck.run_check([smoke_config()], "all")
+    assert [r["bytes_source"] for r in result.rows] == ["ncu"]
+    assert result.status == EXIT_OK
+    failed = [line for line in result.lines if line.startswith("cupti unavailable")]
+    assert len(failed) == 1 and "ERROR_INVALID_PARAMETER" in failed[0]
