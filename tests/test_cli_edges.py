@@ -57,3 +57,24 @@ def test_bad_byte_source_is_one_line(tmp_path):
                  "--out", tmp_path / "o")
     assert result.exit_code == 2 and "pip install -e '.[cuda13,torch]'" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_sweep_with_fidelity_joins_fidelity_rows_to_the_speed_rows(tmp_path):
+    """sweep --fidelity measures synthetic-cache fidelity at the grid's page sizes and budgets
+    into the same results directory, and the report shows the speed-fidelity frontier."""
+    import pytest
+
+    pytest.importorskip("torch")
+    from questprof import results
+
+    out = tmp_path / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--budget", "256,1024",
+                 "--backend", "numpy", "--fidelity", "--out", out)
+    assert result.exit_code == 0, result.output
+    df, meta = results.load(out)
+    fid = df[df["stage"] == "fidelity"]
+    assert len(fid) and set(fid["budget"]) == {256, 1024} and set(fid["page_size"]) == {16}
+    assert fid["mass_recall"].between(0, 1).all()
+    assert meta["fidelity"]["source"] == "synthetic"
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "Speed against fidelity" in html
