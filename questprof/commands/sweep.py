@@ -101,7 +101,8 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options) -> tuple[dict
 
 def _summed_bytes(parts: dict) -> dict:
     """The Quest step's measured bytes as the sum of its three stages' (bytes add up; measuring
-    the step again doubled the sweep's byte time on the H200), or {} when one is missing."""
+    the step again was 168 of the longchat-7b grid's ~600 byte measurements), or {} when one
+    is missing."""
     got = [parts.get(s) or {} for s in model.QUEST_STAGES]
     if any(g.get("measured_read_bytes") is None for g in got):
         return {}
