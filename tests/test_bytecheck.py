@@ -188,8 +188,8 @@ def test_rotation_follows_the_smallest_judged_input():
     works = model.stage_work(sparse)
     layers = bytecheck.rotation_layers(sparse, free)
     assert works["attention"].read < works["estimate"].read
-    assert layers * works["attention"].read >= bytecheck.ROTATE_BYTES
-    assert (layers - 1) * works["attention"].read < bytecheck.ROTATE_BYTES
+    assert layers * works["attention"].read >= bytecheck.rotate_bytes()
+    assert (layers - 1) * works["attention"].read < bytecheck.rotate_bytes()
     assert layers * model.kv_pool_bytes(sparse) <= 0.5 * free  # and the pools fit
     assert bytecheck.rotation_layers(sparse, 4 * model.kv_pool_bytes(sparse)) == 2
 

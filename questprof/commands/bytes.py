@@ -21,19 +21,25 @@ from questprof.results import OURS, make_row
 STAGES = ("summary", "estimate", "topk", "attention", "dense", "quest")
 NAIVE = "torch-gather"
 NCU_ENTRY = "questprof.workload.ncu_child"  # the child ncu replays a configuration in
-# A rotation pass >= 8x the 60 MiB L2: at 4x an H200 still served 1.3-2.5% of estimate's
-# summaries from L2 (CUPTI below ncu's cold count); pools of 64 layers at most.
-ROTATE_BYTES, MAX_LAYERS = 8 * 60 << 20, 64
+MAX_LAYERS = 64  # pools of one rotation at most
+
+
+def rotate_bytes() -> int:
+    """Bytes a rotation pass reads at least: the cold-pass rule (core.model.COLD_FACTOR x the
+    device's L2; at 4x an H200 still served 1.3-2.5% of estimate's summaries from L2)."""
+    from questprof.workload.pools import l2_bytes
+
+    return model.COLD_FACTOR * l2_bytes()
 CALIBRATION_BYTES = 2 << 30
 
 
 def rotation_layers(cfg, free_bytes: float) -> int:
     """Layers whose smallest judged input read from the pools (summaries for estimate, chosen
-    pages for attention) makes a pass >= ROTATE_BYTES, as many as half the free memory holds.
+    pages for attention) makes a pass >= rotate_bytes(), as many as half the free memory holds.
     Top-K reads only scores: it rotates over copies of them (Workload.topk_calls)."""
     works = model.stage_work(cfg)
     reads = [works[s].read for s in ("estimate", "attention") if works[s].read >= MIN_JUDGED_BYTES]
-    need = math.ceil(ROTATE_BYTES / max(min(reads, default=works["estimate"].read), 1))
+    need = math.ceil(rotate_bytes() / max(min(reads, default=works["estimate"].read), 1))
     fit = int(0.5 * free_bytes // max(model.kv_pool_bytes(cfg), 1))
     return max(2, min(need, MAX_LAYERS, fit))
 
@@ -111,7 +117,7 @@ def _workload(cfg, backend, source: str, protocol: str):
     work = Workload(cfg, backend, layers)
     if rotate and not cfg.is_dense_budget:
         scores = work.work("topk").read
-        work.rotate_topk(min(math.ceil(ROTATE_BYTES / max(scores, 1)), 1024))
+        work.rotate_topk(min(math.ceil(rotate_bytes() / max(scores, 1)), 1024))
     return work
 
 
@@ -150,13 +156,14 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
 
 
 def _note_short_rotations(rows: list[dict], work) -> None:
-    """Name the rows whose cold rotation stayed under ROTATE_BYTES (pools capped by memory or
+    """Name the rows whose cold rotation stayed under rotate_bytes() (pools capped by memory or
     MAX_LAYERS): part of their input may come from L2, so their read can fall short."""
+    rotate = rotate_bytes()
     for row in rows:
         passed = work.calls(row["stage"]) * row["read_bytes"]
-        if row["read_bytes"] >= MIN_JUDGED_BYTES and passed < ROTATE_BYTES:
+        if row["read_bytes"] >= MIN_JUDGED_BYTES and passed < rotate:
             row["note"] = (f"rotation pass {passed / 2**20:,.0f} MiB < "
-                           f"{ROTATE_BYTES / 2**20:,.0f} MiB: part may come from L2")
+                           f"{rotate / 2**20:,.0f} MiB: part may come from L2")
 
 
 def _name_naive(row: dict, work) -> None:
