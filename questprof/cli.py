@@ -175,8 +175,8 @@ def bench(
     peers: Annotated[bool, typer.Option(help="Time the torch peers beside ours")] = True,
     graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")] = True,
     repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = 20,
-    cases: Annotated[Path, typer.Option(help="Bench file of cases and goals")] = Path(
-        "scenarios/bench.toml"),
+    cases: Annotated[Optional[Path], typer.Option(help=default(
+        "Bench file of cases and goals", "scenarios/bench.toml of questprof"))] = None,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory (rows, rows.json, report.html)", "reports/bench-<timestamp>/"))]
         = None,
@@ -184,7 +184,13 @@ def bench(
     """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
     from questprof.commands import bench as bench_mod
 
-    target = bench_mod.bench_command(quick, peers, graph, repeats, cases, out_dir, sys.argv[1:])
+    try:
+        target = bench_mod.bench_command(quick, peers, graph, repeats, cases, out_dir,
+                                         sys.argv[1:])
+    except KeyboardInterrupt:
+        console.err.print("interrupted: the finished cases are kept in the results directory",
+                          highlight=False)
+        raise typer.Exit(130) from None
     _write_report(target)
 
 

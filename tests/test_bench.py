@@ -79,3 +79,15 @@ def test_overlap_gain_is_the_sum_of_stages_over_the_pipeline():
     assert ours["overlap_gain"] == pytest.approx(31 / 31)
     naive = next(r for r in rows if r["impl"] == "torch-naive")
     assert "overlap_gain" not in naive
+
+
+@pytest.mark.parametrize("text, word", [
+    ("[[case]\nmodel = 1", "bench.toml"),                      # not TOML
+    ('[models.m]\nlayers = 4\nq_heads = 1\nkv_heads = 1\nhead_dim = 64\ndtype = "fp16"\n'
+     '[[case]]\nmodel = "m"\nlength = 1\n', "missing field 'batch'"),
+])
+def test_a_broken_bench_file_is_a_config_error(tmp_path, text, word):
+    path = tmp_path / "bench.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=word):
+        bench.load_bench(path)

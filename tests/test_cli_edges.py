@@ -78,3 +78,20 @@ def test_sweep_with_fidelity_joins_fidelity_rows_to_the_speed_rows(tmp_path):
     assert meta["fidelity"]["source"] == "synthetic"
     html = (out / "report.html").read_text(encoding="utf-8")
     assert "Speed against fidelity" in html
+
+
+def test_resume_does_not_add_the_rows_beside_the_grid_twice(tmp_path):
+    """--resume of a finished sweep with --fidelity used to measure fidelity again (48 -> 96)."""
+    import pytest
+
+    pytest.importorskip("torch")
+    from questprof import results
+
+    out = tmp_path / "run"
+    args = ("sweep", "--scenario", "smoke", "--lengths", "2k", "--budget", "256",
+            "--backend", "numpy", "--fidelity", "--out", out)
+    assert run(*args).exit_code == 0
+    first = len(results.read_rows(out))
+    again = run("sweep", "--resume", out)
+    assert again.exit_code == 0, again.output
+    assert len(results.read_rows(out)) == first

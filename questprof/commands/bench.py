@@ -16,29 +16,36 @@ import tomllib
 from questprof import SCENARIOS_DIR
 from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
+from questprof.core.stages import ROW_STAGES
 from questprof.results import OURS, make_row
+from questprof.workload.pools import is_out_of_memory, release
 
 BENCH_FILE = SCENARIOS_DIR / "bench.toml"
 POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
-STAGES = ("summary", "estimate", "topk", "attention", "dense", "quest")
+STAGES = ROW_STAGES
 PEERS = (("dense", "torch-sdpa"), ("quest", "torch-naive"))
 SAME_BYTES_STAGES = ("estimate", "attention", "dense")  # stages that stream their bytes once
 
 
 def load_bench(path=BENCH_FILE, quick: bool = False) -> tuple[list[Config], list[dict]]:
-    """(cases, goals) of a bench file; quick keeps the cases marked quick."""
-    data = tomllib.loads(open(path, encoding="utf-8").read())
-    models = {name: ModelShape(name=name, **m) for name, m in data.get("models", {}).items()}
-    cases = []
-    for case in data.get("case", []):
-        if quick and not case.get("quick"):
-            continue
-        if case["model"] not in models:
-            raise ConfigError(f"{path}: case names unknown model {case['model']!r}")
-        for mode in case.get("modes", ["per-head"]):
-            cases.append(Config(models[case["model"]], case["length"], case["batch"],
-                                case["page_size"], case["budget"], mode))
-    return cases, list(data.get("goal", []))
+    """(cases, goals) of a bench file; quick keeps the cases marked quick. A file that is not
+    valid TOML or misses a field is a ConfigError naming it (one line at the CLI)."""
+    try:
+        data = tomllib.loads(open(path, encoding="utf-8").read())
+        models = {name: ModelShape(name=name, **m) for name, m in data.get("models", {}).items()}
+        cases = [case for case in data.get("case", []) if case.get("quick") or not quick]
+        return [_case(models, case, mode, path) for case in cases
+                for mode in case.get("modes", ["per-head"])], list(data.get("goal", []))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ConfigError(f"{path}: {what}") from None
+
+
+def _case(models: dict, case: dict, mode: str, path) -> Config:
+    if case["model"] not in models:
+        raise ConfigError(f"{path}: case names unknown model {case['model']!r}")
+    return Config(models[case["model"]], case["length"], case["batch"], case["page_size"],
+                  case["budget"], mode)
 
 
 def _layers(cfg, backend) -> int:
@@ -142,8 +149,9 @@ def _met(value: float, target: str) -> bool:
 
 
 def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
-              with_peers: bool = True, log=print) -> tuple[list[dict], dict]:
-    """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch."""
+              with_peers: bool = True, log=print, on_case=None) -> tuple[list[dict], dict]:
+    """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch.
+    on_case(ceilings, rows) gets each case's rows as soon as they are measured (to disk)."""
     from questprof.backends import get_backend
     from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
     from questprof.workload.pools import l2_bytes
@@ -160,7 +168,19 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
     for cfg in cases:
         log(f"case {cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
             f"budget={cfg.budget} {cfg.mode}")
-        rows += run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers, read_ms)
+        try:
+            case = run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers,
+                            read_ms)
+        except Exception as exc:  # a case that does not fit is skipped rows, not a lost run
+            if not is_out_of_memory(exc):
+                raise
+            release(backend)
+            case = [make_row(cfg, s, scenario="bench", backend=backend.name, status="skipped",
+                             reason=f"does not fit: {type(exc).__name__}: {exc}"[:200])
+                    for s in STAGES]
+        rows += case
+        if on_case is not None:
+            on_case(ceilings, case)
     return rows, ceilings
 
 
@@ -198,20 +218,47 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     from datetime import datetime
     from pathlib import Path
 
+    from questprof import console
     from questprof.backends import get_backend
     from questprof.results import ResultsWriter
 
-    if not Path(cases_file).is_file():
+    cases_file = Path(cases_file or BENCH_FILE)
+    if not cases_file.is_file():
         raise ConfigError(f"bench file {cases_file} not found")
     if repeats < 1:
         raise ConfigError(f"--repeats {repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, quick)
     get_backend("cupy")  # one clear line and exit 2 without a GPU
-    rows, ceilings = run_bench(cases, repeats, graph, peers)
+    if peers and not _torch_gpu():
+        console.warn("torch with CUDA is not importable here: the torch peers are not timed")
+        peers = False
     target = Path(out_dir or Path("reports") / f"bench-{datetime.now():%Y%m%d-%H%M%S}")
-    with ResultsWriter(target, _meta(" ".join(["questprof", *argv]), ceilings, goal_list)) as w:
+    writer = None
+
+    def on_case(ceilings, rows):  # each case on disk as soon as it is measured
+        nonlocal writer
+        if writer is None:
+            writer = ResultsWriter(target, _meta(" ".join(["questprof", *argv]), ceilings,
+                                                 goal_list))
         for row in rows:
-            w.append(row)
+            writer.append(row)
+    if not cases:
+        raise ConfigError(f"{cases_file}: no case to run{' (none marked quick)' if quick else ''}")
+    try:
+        rows, _ = run_bench(cases, repeats, graph, peers, on_case=on_case)
+    except BaseException:  # Ctrl-C or a failure: the finished cases stay on disk
+        if writer is not None:
+            writer.close(finished=False)
+        raise
+    writer.close(finished=True)
     (target / "rows.json").write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
     _print(rows, goal_list)
     return target
+
+
+def _torch_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -15,10 +15,11 @@ import math
 from questprof.commands.bytes_verdict import (EXIT_FAIL, EXIT_OK, MIN_JUDGED_BYTES, TOLERANCE,
                                               CheckResult, agreement, judge, label, verdict)
 from questprof.core import model
+from questprof.core.stages import ROW_STAGES
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
 from questprof.results import OURS, make_row
 
-STAGES = ("summary", "estimate", "topk", "attention", "dense", "quest")
+STAGES = ROW_STAGES
 NAIVE = "torch-gather"
 NCU_ENTRY = "questprof.workload.ncu_child"  # the child ncu replays a configuration in
 MAX_LAYERS = 64  # pools of one rotation at most

@@ -85,7 +85,7 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
         if not ok:
             raise ConfigError(f"--bytes ncu: {why}")
         return "ncu", {"source": "ncu", "reason": None}
-    ok, why = cupti.available()  # a real PM-sampling configure, before CuPy makes a context
+    ok, why = cupti.available()  # a real PM-sampling session, before any timing (measure.cupti)
     if ok:
         return "cupti", {"source": "cupti", "reason": None}
     if asked == "cupti":
@@ -106,7 +106,7 @@ def announce(scenario, configs, backend, args: dict) -> None:
     minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e']})", highlight=False)
+                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']})", highlight=False)
 
 
 def _options(args: dict, backend, source):
@@ -146,22 +146,32 @@ def _grid(scenario, configs, backend, target: Path, args: dict, resume: bool, ar
                                            "speedup = fastest dense / quest"))
 
 
+def _done_extras(target: Path) -> set[str]:
+    """Stages beside the grid ('context-parallel', 'e2e', 'fidelity') already in target: a
+    resumed sweep does not add their rows twice."""
+    from questprof import results
+
+    return {r.get("stage") for r in results.read_rows(target)} & {"context-parallel", "e2e",
+                                                                  "fidelity"}
+
+
 def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
-    """The context-parallel, end-to-end and fidelity measurements asked for."""
+    """The context-parallel, end-to-end and fidelity measurements asked for (and not done)."""
     import pandas as pd
 
-    if args["gpus"] > 1:
+    done = _done_extras(target)
+    if args["gpus"] > 1 and "context-parallel" not in done:
         from questprof.commands.context_parallel import run_context_parallel
 
         rows = run_context_parallel(scenario, configs, target, args["gpus"])
         df = pd.DataFrame(rows)[["length", "batch", "page_size", "budget", "phase", "median_ms"]]
         console.out.print(console.table(df, f"context-parallel Quest on {args['gpus']} GPUs"))
-    if args["e2e"]:
+    if args["e2e_on"] and "e2e" not in done:
         from questprof.commands.e2e import E2E_LENGTHS, run_e2e
 
         grid = sorted({c.length for c in configs})
         lengths = ([n for n in E2E_LENGTHS if grid[0] <= n <= grid[-1]] or grid) \
-            if args["e2e_default"] else grid
+            if args["e2e"] is None else grid
         rows = run_e2e(scenario, configs, backend, target, args["e2e_page_size"],
                        args["e2e_budget"], lengths)
         cols = ["length", "step_ms_dense", "step_ms_quest", "attention_fraction",
@@ -169,7 +179,7 @@ def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
         df = pd.DataFrame(rows)
         df = df[[c for c in cols if c in df]]
         console.out.print(console.table(df, "end-to-end decode step (all layers)"))
-    if args["fidelity"]:
+    if args["fidelity"] and "fidelity" not in done:
         from questprof.commands.fidelity import fidelity_rows_for_sweep
 
         fidelity_rows_for_sweep(scenario, configs, backend, target)
@@ -182,8 +192,8 @@ def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) 
     args = resolve_args(resume, given)
     scenario, configs = configs_from_args(args)
     backend = get_backend(args["backend"])
-    args["e2e_default"] = args["e2e"] is None
-    args["e2e"] = backend.is_gpu if args["e2e"] is None else args["e2e"]
+    # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
+    args["e2e_on"] = (backend.is_gpu and _torch_gpu()) if args["e2e"] is None else args["e2e"]
     check_shape(scenario.model, backend)
     check_extras(args, backend)
     source, status = byte_source(args["bytes_source"], backend)

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from questprof.commands import bytes as bytecheck
-from questprof.commands import bytes_verdict as byterows
+from questprof.commands import bytes as bytes_cmd
+from questprof.commands import bytes_verdict
 from questprof.commands.bytes_verdict import EXIT_FAIL, EXIT_NO_SOURCE, EXIT_OK, judge, verdict
 from questprof.core import model
 from questprof.core.config import Config, config_from_dict
@@ -86,7 +86,7 @@ def test_run_check_without_gpu_returns_no_source(monkeypatch):
     monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no CUDA device")
     cfg = smoke_config()
     for source in ("cupti", "ncu", "nvml", "all"):
-        result = bytecheck.run_check([cfg], source)
+        result = bytes_cmd.run_check([cfg], source)
         assert result.status == EXIT_NO_SOURCE and len(result.lines) == 1
         assert "no CUDA device" in result.lines[0]
         assert json.loads(result.to_json())["status"] == EXIT_NO_SOURCE
@@ -94,7 +94,7 @@ def test_run_check_without_gpu_returns_no_source(monkeypatch):
 
 def test_unknown_source_is_refused():
     with pytest.raises(ValueError, match="unknown byte source"):
-        bytecheck.source_status("perf")
+        bytes_cmd.source_status("perf")
 
 
 def smoke_config(**over) -> Config:
@@ -159,14 +159,14 @@ def test_cupti_and_ncu_agreement_names_the_stage_beyond_one_percent():
             row("estimate", 4 * MIB, 4 * MIB * 1.03, source="cupti"),
             row("estimate", 4 * MIB, 4 * MIB, source="ncu"),
             row("topk", 1000, 5000, source="cupti"), row("topk", 1000, 1000, source="ncu")]
-    ok, lines = byterows.agreement(rows)
+    ok, lines = bytes_verdict.agreement(rows)
     assert not ok
     assert "2 stage rows" in lines[0] and "+3.00% (estimate" in lines[0]  # topk: not judged
     assert len(lines) == 2 and "estimate" in lines[1] and "dense" not in lines[1]
-    assert byterows.agreement(rows[:2]) == (True, [lines[0].replace(
+    assert bytes_verdict.agreement(rows[:2]) == (True, [lines[0].replace(
         "2 stage rows, largest difference +3.00% (estimate", "1 stage rows, largest difference "
         "+0.40% (dense")])
-    assert byterows.agreement(rows[:1]) == (True, [])  # nothing to compare
+    assert bytes_verdict.agreement(rows[:1]) == (True, [])  # nothing to compare
 
 
 def test_cupti_window_leaves_out_its_first_sample():
@@ -186,12 +186,12 @@ def test_rotation_follows_the_smallest_judged_input():
     free = 140e9
     sparse = Config(shape, length=131072, batch=1, page_size=16, budget=1024)
     works = model.stage_work(sparse)
-    layers = bytecheck.rotation_layers(sparse, free)
+    layers = bytes_cmd.rotation_layers(sparse, free)
     assert works["attention"].read < works["estimate"].read
-    assert layers * works["attention"].read >= bytecheck.rotate_bytes()
-    assert (layers - 1) * works["attention"].read < bytecheck.rotate_bytes()
+    assert layers * works["attention"].read >= bytes_cmd.rotate_bytes()
+    assert (layers - 1) * works["attention"].read < bytes_cmd.rotate_bytes()
     assert layers * model.kv_pool_bytes(sparse) <= 0.5 * free  # and the pools fit
-    assert bytecheck.rotation_layers(sparse, 4 * model.kv_pool_bytes(sparse)) == 2
+    assert bytes_cmd.rotation_layers(sparse, 4 * model.kv_pool_bytes(sparse)) == 2
 
 
 def test_topk_rotates_over_score_copies():
@@ -209,7 +209,7 @@ def test_topk_rotates_over_score_copies():
 def test_agreement_with_ncu_at_zero_bytes_is_a_disagreement():
     rows = [row("dense", 64 * MIB, 64 * MIB, source="cupti"), row("dense", 64 * MIB, 0, source="ncu")]
     rows[1]["bytes_within"] = True  # judged elsewhere; a 0 B ncu count must not divide by zero
-    ok, lines = byterows.agreement(rows)
+    ok, lines = bytes_verdict.agreement(rows)
     assert not ok and "inf" in lines[0]
 
 
@@ -218,18 +218,18 @@ def test_short_rotations_are_named():
 
     rows = [row("estimate", 8 * MIB), row("attention", 100 * MIB), row("summary", 1000, 0)]
     work = SimpleNamespace(calls=lambda stage: 4)  # 4 x 8 MiB < 8 x 60 MiB; 4 x 100 MiB too
-    bytecheck._note_short_rotations(rows, work)
+    bytes_cmd._note_short_rotations(rows, work)
     assert "rotation pass 32 MiB < 480 MiB" in rows[0]["note"]
     assert "rotation pass 400 MiB" in rows[1]["note"] and "rotation" not in (rows[2]["note"] or "")
     work = SimpleNamespace(calls=lambda stage: 5)
     rows = [row("attention", 100 * MIB)]
-    bytecheck._note_short_rotations(rows, work)
+    bytes_cmd._note_short_rotations(rows, work)
     assert not rows[0].get("note")
 
 
 def test_a_failing_source_is_one_line_and_the_others_still_run(monkeypatch):
     """bytes --source all stopped with a traceback when CUPTI failed to configure."""
-    monkeypatch.setattr(bytecheck, "source_status",
+    monkeypatch.setattr(bytes_cmd, "source_status",
                         lambda source: {"cupti": None, "ncu": None, "nvml": "no GPM here"})
     monkeypatch.setattr("questprof.backends.get_backend", lambda name: object())
     monkeypatch.setattr("questprof.measure.ceilings.Flush", lambda: None)
@@ -240,8 +240,8 @@ def test_a_failing_source_is_one_line_and_the_others_still_run(monkeypatch):
             raise RuntimeError("CUPTI configure: ERROR_INVALID_PARAMETER")
         return [raw("dense", source=src)], []
 
-    monkeypatch.setattr(bytecheck, "_measure_source", measure)
-    result = bytecheck.run_check([smoke_config()], "all")
+    monkeypatch.setattr(bytes_cmd, "_measure_source", measure)
+    result = bytes_cmd.run_check([smoke_config()], "all")
     assert [r["bytes_source"] for r in result.rows] == ["ncu"]
     assert result.status == EXIT_OK
     failed = [line for line in result.lines if line.startswith("cupti unavailable")]
