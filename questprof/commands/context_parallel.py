@@ -90,13 +90,15 @@ def launch(world: int, configs: list, dist_backend: str = "gloo", port: int | No
 
 
 def _collect(queue, procs, expected: int, timeout_s: float) -> list:
-    """Every rank's results; fails fast (instead of hanging) when a rank dies."""
+    """Every rank's results; fails fast (instead of hanging) when a rank dies or no result
+    comes for timeout_s (a deadline per result, so a long grid of configurations is not cut)."""
     import queue as queues
 
     results, deadline = [], time.monotonic() + timeout_s
     while len(results) < expected:
         try:
             results.append(queue.get(timeout=1.0))
+            deadline = time.monotonic() + timeout_s
         except queues.Empty:
             dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
             if dead or time.monotonic() > deadline:
