@@ -23,8 +23,9 @@ BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # keep the main job within minutes there (compare then says NOISY: too few passes to judge)
 TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}
 # Seconds per configuration seen on the reference machines, for the announcement of a sweep:
-# H200 longchat-7b 168 configurations in 51 s; 2-core CPU the same grid in 7.5 min.
-SECONDS_PER_CONFIG = {True: 0.3, False: 2.7}
+# H200 longchat-7b 168 configurations in 134 s (bytes and e2e included); a 2-core CPU the same
+# grid in 1,139 s.
+SECONDS_PER_CONFIG = {True: 0.8, False: 6.8}
 
 
 def resolve_args(resume: Path | None, given: dict) -> dict:
