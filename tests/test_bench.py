@@ -81,6 +81,17 @@ def test_overlap_gain_is_the_sum_of_stages_over_the_pipeline():
     assert "overlap_gain" not in naive
 
 
+@pytest.mark.parametrize("other, gain", [("ours-fused", 31 / 34), ("ours-3-kernels", 34 / 31)])
+def test_fusion_gain_is_three_kernels_over_fused(other, gain):
+    """Our row is the default form; beside the other form's row, fusion_gain = 3-kernel time /
+    fused time whichever of the two is the default."""
+    rows = _rows() + [_row("quest", 34.0, other)]
+    bench.add_speedups(rows)
+    ours = next(r for r in rows if r["stage"] == "quest" and r["impl"] == "ours")
+    assert ours["fusion_gain"] == pytest.approx(gain)
+    assert next(r for r in rows if r["impl"] == other)["speedup"] == pytest.approx(124 / 34)
+
+
 @pytest.mark.parametrize("text, word", [
     ("[[case]\nmodel = 1", "bench.toml"),                      # not TOML
     ('[models.m]\nlayers = 4\nq_heads = 1\nkv_heads = 1\nhead_dim = 64\ndtype = "fp16"\n'

@@ -166,3 +166,6 @@ def test_instantiated_variants_are_the_constants(objects):
     assert result.returncode == 0, result.stderr
     want = set(itertools.product(("fp16", "bf16"), dims, groups, ("0", "1", "2")))
     assert _instances(obj, "estimate_kernel") == want
+    result, obj, _ = objects("estimate_topk.cu")
+    assert result.returncode == 0, result.stderr
+    assert _instances(obj, "estimate_topk_kernel") == want

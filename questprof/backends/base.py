@@ -21,7 +21,7 @@ class Backend(Protocol):
     name: str
     is_gpu: bool
     fallback_reason: str | None
-    quest_path: str  # how quest() runs: 'composed', 'pdl', or 'plain: <why PDL is not used>'
+    quest_path: str  # how quest() runs: 'composed', or '<pdl / plain: why not>, <fused / 3 kernels>'
 
     def put(self, host_kv: PagedKV) -> PagedKV: ...
     def asarray(self, host_array): ...

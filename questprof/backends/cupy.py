@@ -4,8 +4,9 @@ Three layers per kernel: `load_kernel` (cached module of one template instance),
 after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
 current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
 Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
-backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
-top-K and attention with programmatic dependent launch (backends/pdl.py) where it is available.
+backends/constants.py, the same numbers the kernels are compiled with. `quest` chains
+estimate_topk (estimate and top-K as one kernel) and attention with programmatic dependent launch
+(backends/pdl.py) where it is available.
 """
 
 from __future__ import annotations
@@ -32,6 +33,15 @@ EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
 TK_THREADS = _C["TK_THREADS"]
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
+# Why quest() runs estimate and top-K as two kernels by default. H200, us per layer, MHA 32 heads,
+# d 128, page 16 (tests/pipeline_bench.py, one call): estimate_topk 19.4 / 54.7 / 77.5 against
+# estimate + topk alone 19.1 / 45.3 / 80.1, and the whole step 32.8 / 77.0 / 143.6 fused against
+# 32.3 / 66.3 / 146.0 (32K-2048 B1 / 128K-4096 B1 / 32K-2048 B8). The rows all finish when the
+# estimate ends, and selecting one row is a serial chain of ~5 us on one block, as long as the
+# top-K kernel's cost in the pipeline; the head-major walk adds 2.3-4.2 us to the estimate.
+# estimate_topk's rows up to 8192 pages keep their keys in shared memory: with the 9.3 KiB of
+# static shared memory, 4 blocks of 256 per SM (G 1-2) take 4 x 41.3 KiB of the 227 KiB.
+FUSED_KEYS_LIMIT = 32 * 1024
 CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 4) fit 2 per SM
 # Stages of quest() whose kernels release the next grid right after their own grid_wait; the
 # others let it launch as they end. H200, us per layer (MHA 32K-2048 / 128K-4096 / 32K B8): plain
@@ -121,6 +131,13 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
     kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size)))
 
 
+def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
+    """Blocks of the persistent estimate: at most one resident wave (>= 1 for nnz 0)."""
+    tiles = -(-nnz * kv.kv_heads // (EST_UNROLL * EST_THREADS // (kv.head_dim // 8)))
+    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", _group(g))
+    return max(1, min(tiles, blocks_per_sm * _sm_count()))
+
+
 def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
     _check_kv(kv)
@@ -129,15 +146,18 @@ def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     nnz, d = int(kv.kv_indices.size), kv.head_dim
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    tiles = -(-nnz * kv.kv_heads // (EST_UNROLL * EST_THREADS // (d // 8)))
-    # Persistent: at most one resident wave, each block walks tiles grid-stride (>= 1 for nnz 0).
-    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", _group(g))
-    grid = max(1, min(tiles, blocks_per_sm * _sm_count()))
     expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
-    launch(load_kernel("estimate", expr, launch.defines("estimate")), (grid,), (EST_THREADS,), (
+    launch(load_kernel("estimate", expr, launch.defines("estimate")),
+           (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
         _i32(nnz)), stage="estimate")
     return scores
+
+
+def _check_budget(k_pages: int, sinks: int, window: int) -> None:
+    if k_pages < 1 or sinks < 0 or window < 0:
+        raise ValueError(f"k_pages {k_pages} must be >= 1, sinks and window >= 0")
+    reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
 
 
 def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain):
@@ -145,9 +165,7 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
     nnz = int(kv.kv_indices.size)
     if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
         raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
-    if k_pages < 1 or sinks < 0 or window < 0:
-        raise ValueError(f"k_pages {k_pages} must be >= 1, sinks and window >= 0")
-    reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
+    _check_budget(k_pages, sinks, window)
     heads, batch = int(scores.shape[0]), kv.batch
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty(batch, dtype=cupy.int32)
@@ -160,6 +178,32 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
         _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)), shared_mem=smem if cached else 0,
         stage="topk")
     return sel, count
+
+
+def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
+                  window: int = 0, launch=_plain):
+    """estimate and topk as one kernel: (scores [Hs, nnz], sel [Hs, B, K], count [B]), the same
+    values as the two stages; each row is selected by the block that finishes scoring it."""
+    _check_kv(kv)
+    check_mode(mode)
+    _check_budget(k_pages, sinks, window)
+    q_heads, g = _check_q(q, kv)
+    nnz, d, batch = int(kv.kv_indices.size), kv.head_dim, kv.batch
+    heads = q_heads if mode == "per-head" else kv.kv_heads
+    scores = cupy.empty((heads, nnz), dtype=cupy.float32)
+    sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
+    count = cupy.empty(batch, dtype=cupy.int32)
+    smem = max(kv.pages()) * 4
+    cached = smem <= FUSED_KEYS_LIMIT
+    expr = f"estimate_topk_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
+    kernel = load_kernel("estimate_topk", expr, launch.defines("estimate_topk"))
+    kernel.max_dynamic_shared_size_bytes = smem if cached else 0
+    launch(kernel, (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
+        q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, sel, count,
+        _counts("rows_scored", kv.kv_heads * batch), _i32(batch), _i32(kv.kv_heads), _i32(nnz),
+        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)),
+        shared_mem=smem if cached else 0, stage="estimate_topk")
+    return scores, sel, count
 
 
 def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tuple[int, int]:
@@ -205,7 +249,7 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     if splits > 1:
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
-        row_done = _row_done(rows)
+        row_done = _counts("splits_done", rows)
     kernel = load_kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>",
                          launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
@@ -220,47 +264,56 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
 
 
 def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
-          launch=_plain):
+          launch=_plain, fused: bool = False):
     """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
 
-    With a PDL `Launcher`, top-K and attention start while the stage before them drains: each
-    kernel reads only the step's inputs (page tables, q) before its grid_wait.
+    fused: estimate and top-K as one kernel (estimate_topk), else two (the default: faster at
+    batch 1 on an H200, figures above FUSED_KEYS_LIMIT). With a PDL `Launcher`,
+    each kernel starts while the one before drains, reading only the step's inputs (page tables,
+    q) before its grid_wait.
     """
-    scores = estimate(q, kv, mode, launch=launch)
-    sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
+    if fused:
+        _, sel, count = estimate_topk(q, kv, k_pages, mode, sinks, window, launch=launch)
+    else:
+        scores = estimate(q, kv, mode, launch=launch)
+        sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
     return attention(q, kv, sel, count, launch=launch)
 
 
-_ROW_DONE: dict[int, cupy.ndarray] = {}
+_COUNTS: dict[tuple[int, str], cupy.ndarray] = {}
 
 
-def _row_done(rows: int) -> cupy.ndarray:
-    """Per-device split counts for attention's last-split merge: zeroed once, and left at zero
-    by every launch (so launches on one stream share it; concurrent streams would not)."""
-    dev = cupy.cuda.Device().id
-    if dev not in _ROW_DONE or _ROW_DONE[dev].size < rows:
-        _ROW_DONE[dev] = cupy.zeros(max(rows, 1 << 16), dtype=cupy.int32)
-    return _ROW_DONE[dev]
+def _counts(name: str, size: int) -> cupy.ndarray:
+    """Per-device int32 counters `name` (attention's splits done per row, estimate_topk's units
+    scored per row): zeroed once and left at zero by every launch, so launches on one stream
+    share them (concurrent streams would not)."""
+    key = (cupy.cuda.Device().id, name)
+    if key not in _COUNTS or _COUNTS[key].size < size:
+        _COUNTS[key] = cupy.zeros(max(size, 1 << 16), dtype=cupy.int32)
+    return _COUNTS[key]
 
 
 class CupyBackend:
     """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream.
 
     `quest_path` says how `quest` launches: 'pdl' (programmatic dependent launch through
-    cuda.bindings), or 'plain: <why not>' (three ordinary launches).
+    cuda.bindings) or 'plain: <why not>' (ordinary launches), then ', fused' (estimate and top-K
+    as one kernel, `fused=True`) or ', 3 kernels'.
     """
 
     name = "cupy"
     is_gpu = True
 
-    def __init__(self, pdl: bool = True) -> None:
+    def __init__(self, pdl: bool = True, fused: bool = False) -> None:
         self.fallback_reason: str | None = None
+        self.fused = fused
         self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
-        _row_done(1)  # allocated now, not inside the first CUDA-graph capture of a pass
+        for name in ("splits_done", "rows_scored"):  # now, not inside a CUDA-graph capture
+            _counts(name, 1)
 
     @property
     def quest_path(self) -> str:
-        return self._launch.path
+        return f"{self._launch.path}, {'fused' if self.fused else '3 kernels'}"
 
     def put(self, host_kv: PagedKV) -> PagedKV:
         return host_kv.with_arrays(cupy.asarray)
@@ -287,5 +340,7 @@ class CupyBackend:
         return attention(q, kv, sel, count)
 
     def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
-              window: int = 0):
-        return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch)
+              window: int = 0, fused: bool | None = None):
+        """fused: None takes the backend's own setting."""
+        return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch,
+                     fused=self.fused if fused is None else fused)

@@ -69,7 +69,7 @@ class PlainLaunch:
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
 
-STAGES = ("estimate", "topk", "attention")
+STAGES = ("estimate", "topk", "estimate_topk", "attention")
 
 
 class Launcher(PlainLaunch):

@@ -24,6 +24,7 @@ BENCH_FILE = SCENARIOS_DIR / "bench.toml"
 POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
 STAGES = ROW_STAGES
 PEERS = (("dense", "torch-sdpa"), ("quest", "torch-naive"))
+FUSED, THREE_KERNELS = "ours-fused", "ours-3-kernels"  # the other form of our Quest step
 SAME_BYTES_STAGES = ("estimate", "attention", "dense")  # stages that stream their bytes once
 
 
@@ -75,6 +76,13 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
+    if hasattr(backend, "fused"):  # the other form of our step: estimate and top-K fused or not
+        other = not backend.fused
+        rows.append(_row(cfg, "quest", FUSED if other else THREE_KERNELS, time(
+            lambda l: backend.quest(work.q, work.kvs[l], cfg.k_pages, cfg.mode, fused=other)),
+            work.work("quest"), ceiling, layers, backend))
+        rows[-1]["pipeline"] = work.quest_path.rsplit(", ", 1)[0] + (
+            ", fused" if other else ", 3 kernels")
     if with_peers:
         rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
                       layers, backend) for s, impl in PEERS]
@@ -92,8 +100,10 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
 
 def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
-    our quest row also `stages_sum_ms` (its three stages timed apart) and `overlap_gain`
-    (that sum over the pipeline's time: what running them as one step saves)."""
+    our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
+    over the pipeline's time: what running them as one step saves) and, beside a row of the
+    other form of our step, `fusion_gain` (3-kernel time / fused time: what fusing estimate and
+    top-K into estimate_topk saves, < 1 when it costs)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
              and r["stage"] in model.QUEST_STAGES and r.get("median_ms")}
@@ -106,6 +116,11 @@ def add_speedups(rows: list[dict]) -> None:
         if r.get("impl") == OURS and len(parts) == len(model.QUEST_STAGES):
             r["stages_sum_ms"] = sum(parts.values())
             r["overlap_gain"] = r["stages_sum_ms"] / r["median_ms"]
+        other = [u for u in rows if u["stage"] == "quest"
+                 and u.get("impl") in (FUSED, THREE_KERNELS) and u.get("median_ms")]
+        if r.get("impl") == OURS and other:
+            fused, three = ((other[0], r) if other[0]["impl"] == FUSED else (r, other[0]))
+            r["fusion_gain"] = three["median_ms"] / fused["median_ms"]
 
 
 def _matches(row: dict, case: dict) -> bool:
@@ -203,7 +218,7 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
             "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "overlap_gain",
-            "pipeline", "method"]
+            "fusion_gain", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))

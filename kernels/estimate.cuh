@@ -1,0 +1,153 @@
+// Device code of the estimate (estimate.cu; estimate_topk.cu scores with it too): the work units,
+// the walk over them and the pipelined loop of one persistent block. Design and figures: estimate.cu.
+#pragma once
+#include "common.cuh"
+
+enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
+
+struct Unit { int i, h; };     // CSR entry and KV head of unit i * Hkv + h
+struct Stride { int di, dh; }; // a fixed step in units as (entries, heads)
+struct Box { uint4 lo, hi; };  // one lane's 8 dimensions of a box's min and max
+
+// A thread's units advance by fixed strides, so (i, h) advance by adds with one carry instead of
+// a 64-bit division per unit. HEAD_MAJOR = false: unit i * Hkv + h (KV head fastest, a page's
+// boxes contiguous; estimate.cu); true: unit h * nnz + i (a head's rows finish together;
+// estimate_topk.cu).
+template <bool HEAD_MAJOR>
+struct Walk {
+  int kv_heads, nnz, limit;  // head-major: units at or past `limit` are not this walk's
+  QP_DEVICE Unit unit(int n) const {
+    return HEAD_MAJOR ? Unit{n % nnz, n / nnz} : Unit{n / kv_heads, n % kv_heads};
+  }
+  QP_DEVICE Stride stride(int units) const {
+    return HEAD_MAJOR ? Stride{units % nnz, units / nnz} : Stride{units / kv_heads, units % kv_heads};
+  }
+  QP_DEVICE bool valid(Unit u) const {
+    return HEAD_MAJOR ? u.h * nnz + u.i < limit : u.i < nnz;  // grid-stride: limit = all units
+  }
+  QP_DEVICE Unit next(Unit u, Stride s) const {
+    u.i += s.di;
+    u.h += s.dh;
+    if (HEAD_MAJOR && u.i >= nnz) { u.i -= nnz; ++u.h; }
+    if (!HEAD_MAJOR && u.h >= kv_heads) { u.h -= kv_heads; ++u.i; }
+    return u;
+  }
+};
+
+// Request of entry i, carried: a thread's entries mostly stay in one request, so it searches
+// kv_indptr again only when an entry leaves the current request's [begin, end) (batch 1: once,
+// with no loads; head-major walks come back to lower entries at each new head).
+struct Request {
+  int b = 0, begin = 0, end = 0;
+  QP_DEVICE void seek(const int* __restrict__ indptr, int batch, int i) {
+    if (i >= begin && i < end) return;
+    b = request_of(indptr, batch, i);
+    begin = b > 0 ? __ldg(indptr + b) : 0;
+    end = b + 1 < batch ? __ldg(indptr + b + 1) : 0x7fffffff;
+  }
+};
+
+template <class W>
+QP_DEVICE void load_pages(const int* __restrict__ indices, const W& walk, Stride within, Unit u,
+                          int page[EST_UNROLL]) {
+#pragma unroll
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within))
+    page[r] = walk.valid(u) ? __ldg(indices + u.i) : 0;
+}
+
+template <int D, class W>
+QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const W& walk, Stride within,
+                          const int page[EST_UNROLL], Unit u, int c, Box box[EST_UNROLL]) {
+#pragma unroll
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
+    box[r].lo = box[r].hi = make_uint4(0, 0, 0, 0);
+    if (walk.valid(u)) {
+      const uint16_t* p = summ + ((size_t)page[r] * walk.kv_heads + u.h) * 2 * D + c * VEC;
+      box[r].lo = load16_stream(p);
+      box[r].hi = load16_stream(p + D);
+    }
+  }
+}
+
+template <typename T, int D, int G>
+QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box& box, int qhead0, int c,
+                           float u[G]) {
+  float m[VEC], M[VEC], x[VEC];
+  unpack8<T>(box.lo, m);
+  unpack8<T>(box.hi, M);
+#pragma unroll
+  for (int t = 0; t < G; ++t) {
+    unpack8<T>(load16(q + (size_t)(qhead0 + t) * D + c * VEC), x);
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) s += fmaxf(x[j] * m[j], x[j] * M[j]);
+    u[t] = group_sum<D / VEC>(s);
+  }
+}
+
+// Units past the end still shuffle (full-warp masks) but write nothing.
+template <typename T, int D, int G, int MODE, class W>
+QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict__ indptr,
+                           float* __restrict__ scores, int batch, const W& walk, Stride within,
+                           const Box box[EST_UNROLL], Unit u, int c, Request& req) {
+  constexpr int LANES = D / VEC;
+#pragma unroll
+  for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
+    const bool valid = walk.valid(u);
+    if (valid) req.seek(indptr, batch, u.i);
+    float s[G];
+    score_heads<T, D, G>(q, box[r], (req.b * walk.kv_heads + u.h) * G, c, s);
+    if (MODE == PER_HEAD) {
+#pragma unroll
+      for (int t = 0; t < G; ++t)
+        if (valid && c == t % LANES) scores[(size_t)(u.h * G + t) * walk.nnz + u.i] = s[t];
+    } else if (valid && c == 0) {
+      float v = s[0];
+#pragma unroll
+      for (int t = 1; t < G; ++t) v = MODE == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
+      scores[(size_t)u.h * walk.nnz + u.i] = MODE == SHARED_MEAN ? v / G : v;
+    }
+  }
+}
+
+// Units per tile of a block of NT threads: EST_UNROLL batches of GROUPS = NT / LANES units, one
+// unit per LANES = D / 8 lanes.
+template <int D, int NT = EST_THREADS>
+__host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / (D / VEC)); }
+
+// Tiles first, first + step, ... (< end) of this block, scored in the order of Walk<HEAD_MAJOR>:
+// estimate.cu walks grid-stride (first blockIdx.x, step gridDim.x), estimate_topk.cu a block of
+// consecutive tiles (step 1), so that each block's units fall in one or two rows.
+template <typename T, int D, int G, int MODE, bool HEAD_MAJOR, int NT = EST_THREADS>
+QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
+                              const int* __restrict__ indptr, const int* __restrict__ indices,
+                              float* __restrict__ scores, int batch, int kv_heads, int nnz,
+                              int first, int step, int end) {
+  constexpr int LANES = D / VEC, GROUPS = NT / LANES, TILE = est_tile_units<D, NT>();
+  const int c = threadIdx.x % LANES;
+  const Walk<HEAD_MAJOR> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
+  const Stride within = walk.stride(GROUPS), across = walk.stride(step * TILE);
+  // now: the tile being scored; ahead: its boxes in flight; ahead2: its page ids in flight.
+  Unit now = walk.unit(first * TILE + threadIdx.x / LANES);
+  Unit ahead = walk.next(now, across), ahead2 = walk.next(ahead, across);
+  int first_pages[EST_UNROLL], page[EST_UNROLL];
+  Box a[EST_UNROLL], b[EST_UNROLL];
+  load_pages(indices, walk, within, now, first_pages);  // both tiles' ids before any box load waits
+  load_pages(indices, walk, within, ahead, page);
+  load_boxes<D>(summ, walk, within, first_pages, now, c, a);
+  Request req;
+  // Two buffers swap roles each step (no register copies, which would wait on their loads).
+  auto advance = [&](const Box (&cur)[EST_UNROLL], Box (&nxt)[EST_UNROLL]) {
+    load_boxes<D>(summ, walk, within, page, ahead, c, nxt);
+    load_pages(indices, walk, within, ahead2, page);
+    score_batch<T, D, G, MODE>(q, indptr, scores, batch, walk, within, cur, now, c, req);
+    now = ahead;
+    ahead = ahead2;
+    ahead2 = walk.next(ahead2, across);
+  };
+  for (int t = first; t < end; t += 2 * step) {  // block-uniform: shuffles stay full
+    advance(a, b);
+    if (t + step >= end) break;
+    advance(b, a);
+  }
+}

@@ -1,0 +1,192 @@
+// Top-K page selection of one row, by one CTA of NT threads: the device code of topk.cu (a CTA of
+// TK_THREADS per row) and of estimate_topk.cu (the estimate's CTAs select the rows they finish).
+// The algorithm and its figures: the comment at the top of topk.cu.
+#pragma once
+#include "common.cuh"
+
+constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (NT * 8 per chunk)
+constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;
+
+QP_DEVICE uint32_t order_key(float f) {
+  if (f != f) return 0u;  // NaN ranks below -inf, last, as reference.topk's lexsort puts it
+  uint32_t u = __float_as_uint(f == 0.f ? 0.f : f);  // -0 and +0 are equal scores
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct Row {
+  const float* scores;   // this (head, request) row of P scores
+  const uint32_t* keys;  // shared-memory keys, or nullptr to recompute from scores
+  int pages, sinks, window;
+  QP_DEVICE bool reserved(int p) const { return p < sinks || p >= pages - window; }
+  QP_DEVICE uint32_t key(int p) const { return keys ? keys[p] : order_key(__ldcg(scores + p)); }
+};
+
+struct TopkShared { uint32_t hist[TK_BINS], warp_sums[64], state[3]; };
+
+// Exclusive prefix sum of `x` over the CTA in thread order; *total gets the sum.
+template <int NT>
+QP_DEVICE uint32_t block_exclusive_scan(uint32_t x, uint32_t* total, uint32_t* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // warp_sums may still be read by the previous call
+  uint32_t incl = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    uint32_t w = lane < NT / 32 ? warp_sums[lane] : 0, wincl = w;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      uint32_t y = __shfl_up_sync(0xffffffffu, wincl, o);
+      if (lane >= o) wincl += y;
+    }
+    warp_sums[lane] = wincl - w;
+    if (lane == 31) warp_sums[32] = wincl;
+  }
+  __syncthreads();
+  *total = warp_sums[32];
+  return warp_sums[warp] + incl - x;
+}
+
+// Smallest and largest key of the row's unreserved pages, known to every thread.
+template <int NT>
+QP_DEVICE void key_range(const Row& row, uint32_t* lo, uint32_t* hi, uint32_t* red) {
+  uint32_t kmin = 0xffffffffu, kmax = 0;
+  for (int p = threadIdx.x; p < row.pages; p += NT)
+    if (!row.reserved(p)) { const uint32_t k = row.key(p); kmin = min(kmin, k); kmax = max(kmax, k); }
+  kmin = __reduce_min_sync(0xffffffffu, kmin);
+  kmax = __reduce_max_sync(0xffffffffu, kmax);
+  __syncthreads();  // red (warp_sums) may still be read by the row before
+  if ((threadIdx.x & 31) == 0) { red[threadIdx.x >> 5] = kmin; red[32 + (threadIdx.x >> 5)] = kmax; }
+  __syncthreads();
+  kmin = red[0]; kmax = red[32];
+#pragma unroll 8
+  for (int w = 1; w < NT / 32; ++w) { kmin = min(kmin, red[w]); kmax = max(kmax, red[32 + w]); }
+  *lo = kmin; *hi = kmax;
+}
+
+// One pass: narrow [lo, hi] to the bin holding the rem-th largest key in it; rem becomes the
+// count still needed from that bin. Returns true when the bin settles the threshold (all of it
+// is taken, or it holds one key value and ties go by position).
+template <int NT>
+QP_DEVICE bool narrow(const Row& row, uint32_t* lo, uint32_t* hi, uint32_t* rem, TopkShared& sh) {
+  constexpr int PER = TK_BINS / NT;  // bins per thread in the bin scan
+  const uint32_t span = *hi - *lo;
+  const int s = max(0, (32 - __clz(span)) - TK_BITS);
+  for (int i = threadIdx.x; i < TK_BINS; i += NT) sh.hist[i] = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < row.pages; p += NT) {
+    if (row.reserved(p)) continue;
+    const uint32_t k = row.key(p);
+    if (k >= *lo && k <= *hi) atomicAdd(sh.hist + ((k - *lo) >> s), 1u);
+  }
+  __syncthreads();
+  const int top = TK_BINS - 1 - PER * threadIdx.x;  // bins from the largest keys down
+  uint32_t h[PER], mine = 0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) { h[j] = sh.hist[top - j]; mine += h[j]; }
+  uint32_t total;
+  uint32_t above = block_exclusive_scan<NT>(mine, &total, sh.warp_sums);
+  if (above < *rem && *rem <= above + mine) {
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      if (above < *rem && *rem <= above + h[j]) {
+        sh.state[0] = top - j;
+        sh.state[1] = *rem - above;
+        sh.state[2] = h[j];
+      }
+      above += h[j];
+    }
+  }
+  __syncthreads();
+  const uint32_t bin = sh.state[0], need = sh.state[1], count = sh.state[2];
+  const uint32_t new_lo = *lo + (bin << s);
+  *hi = (uint32_t)min((unsigned long long)*hi, (unsigned long long)new_lo + (1ull << s) - 1);
+  *lo = new_lo;
+  *rem = need;
+  return need == count || s == 0;
+}
+
+// Write the chosen positions of `row` in ascending order to out: reserved pages and keys above
+// hi always, keys in [lo, hi] while their rank among them is below rem.
+template <int NT>
+QP_DEVICE void compact(const Row& row, uint32_t lo, uint32_t hi, uint32_t rem,
+                       int* __restrict__ out, uint32_t* warp_sums) {
+  uint32_t sel_done = 0, eq_done = 0;
+  for (int chunk = 0; chunk < row.pages; chunk += NT * TK_ITEMS) {
+    const int p0 = chunk + threadIdx.x * TK_ITEMS;
+    uint32_t k[TK_ITEMS];
+    if (row.keys && p0 + TK_ITEMS <= row.pages) {  // two 16-byte loads, not 8 conflicting ones
+      const uint4 a = *reinterpret_cast<const uint4*>(row.keys + p0);
+      const uint4 b = *reinterpret_cast<const uint4*>(row.keys + p0 + 4);
+      k[0] = a.x; k[1] = a.y; k[2] = a.z; k[3] = a.w; k[4] = b.x; k[5] = b.y; k[6] = b.z; k[7] = b.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < TK_ITEMS; ++j) k[j] = p0 + j < row.pages ? row.key(p0 + j) : 0;
+    }
+    uint32_t eq = 0, take = 0;
+#pragma unroll
+    for (int j = 0; j < TK_ITEMS; ++j) {
+      const int p = p0 + j;
+      if (p >= row.pages) continue;
+      if (row.reserved(p) || k[j] > hi) take |= 1u << j;
+      else if (k[j] >= lo) eq |= 1u << j;
+    }
+    // One scan of (taken, tied) counts packed 16 | 16 bits (a chunk holds <= 8192 positions).
+    uint32_t total;
+    const uint32_t before = block_exclusive_scan<NT>((__popc(take) << 16) | __popc(eq), &total,
+                                                     warp_sums);
+    uint32_t rank = eq_done + (before & 0xffffu);
+    uint32_t slot = sel_done + (before >> 16) + min(rank, rem) - min(eq_done, rem);
+#pragma unroll
+    for (int j = 0; j < TK_ITEMS; ++j) {
+      if (eq >> j & 1u) { if (rank < rem) out[slot++] = p0 + j; ++rank; }
+      else if (take >> j & 1u) out[slot++] = p0 + j;
+    }
+    const uint32_t eq_total = total & 0xffffu;
+    sel_done += (total >> 16) + min(eq_done + eq_total, rem) - min(eq_done, rem);
+    eq_done += eq_total;
+  }
+}
+
+// The K best of `pages` scores (a row written by an earlier grid, or by other CTAs of this one
+// behind a fence: read through L2) into out[0, k_pages), -1 padded. `keys`: shared memory for
+// `pages` keys, or nullptr to re-read the scores in every pass. Every thread of the CTA calls it.
+template <int NT>
+QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_pages, int sinks,
+                          int window, int* __restrict__ out, TopkShared& sh) {
+  const int chosen = min(k_pages, pages);
+  for (int p = chosen + threadIdx.x; p < k_pages; p += NT) out[p] = -1;
+  if (pages <= k_pages) {  // every page is chosen
+    for (int p = threadIdx.x; p < pages; p += NT) out[p] = p;
+    return;
+  }
+  Row row{scores, nullptr, pages, sinks, max(window, 1)};
+  if (keys) {
+    __syncthreads();  // the row before may still read the keys
+    for (int base = 0; base < pages; base += NT * 8) {  // 8 loads in flight per thread
+      float f[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int p = base + j * NT + threadIdx.x;
+        f[j] = p < pages ? __ldcg(scores + p) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int p = base + j * NT + threadIdx.x;
+        if (p < pages) keys[p] = order_key(f[j]);
+      }
+    }
+    row.keys = keys;
+    __syncthreads();  // keys are read by every thread from here on
+  }
+  uint32_t rem = k_pages - sinks - row.window, lo = 0xffffffffu, hi = 0xffffffffu;
+  if (rem > 0) {  // else only reserved pages: the empty rank test below takes none of [lo, hi]
+    key_range<NT>(row, &lo, &hi, sh.warp_sums);
+    while (!narrow<NT>(row, &lo, &hi, &rem, sh)) {}
+  }
+  compact<NT>(row, lo, hi, rem, out, sh.warp_sums);
+}
