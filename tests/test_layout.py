@@ -42,3 +42,16 @@ def test_bf16_round_trip_rounds_to_nearest_even():
     assert np.isnan(back[6])
     with pytest.raises(ValueError):
         layout.storage_dtype("fp8")
+
+
+@pytest.mark.parametrize("shape, offset", [((3, 5), 0), ((7, 11), 29), ((9, 10), 95),
+                                           ((40, 7), 13)])
+def test_tiled_repeats_the_tile_from_offset_and_keeps_no_larger_base(shape, offset):
+    """Element j is tile[(offset + j) % tile.size]; a pool smaller than the tile does not keep the
+    whole tile alive (a view of it did: 8 MiB per small pool on a GPU)."""
+    tile = np.arange(100, dtype=np.float32) * 1.5
+    out = layout.tiled(np, tile, shape, offset)
+    total = int(np.prod(shape))
+    np.testing.assert_array_equal(out.ravel(), tile[(offset + np.arange(total)) % tile.size])
+    held = out.base.nbytes if out.base is not None else out.nbytes
+    assert held <= 2 * out.nbytes

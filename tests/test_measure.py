@@ -329,3 +329,15 @@ def test_git_commit_can_be_named_for_a_copied_tree(monkeypatch):
     assert machine.git_commit() == "abc123"
     monkeypatch.delenv("QUESTPROF_GIT_COMMIT")
     assert machine.git_commit() != "abc123"
+
+
+def test_a_failed_ncu_run_says_its_exception_not_the_middle_of_a_traceback():
+    output = ("==PROF== Connected\nTraceback (most recent call last):\n  File \"x.py\", line 3\n"
+              + "    frame\n" * 50 + "cupy_backends.cuda.api.runtime.CUDARuntimeError: "
+              "cudaErrorMemoryAllocation: out of memory\n==ERROR== The application returned "
+              "an error code (1).\n")
+    text = ncu.failure_text(output)
+    assert "cudaErrorMemoryAllocation: out of memory" in text
+    assert "==ERROR== The application returned an error code (1)." in text
+    assert "frame" not in text
+    assert ncu.failure_text("") == "no output"

@@ -143,14 +143,19 @@ def _prepare(cfg, backend, layers: int):
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        release(backend)
-        return None, (str(exc) if type(exc).__name__ == "DoesNotFit"
-                      else f"out of memory building {layers} layer(s): {type(exc).__name__}")
+        why = (str(exc) if type(exc).__name__ == "DoesNotFit"
+               else f"out of memory building {layers} layer(s): {type(exc).__name__}")
+    release(backend)  # here, not in the except block, whose traceback still holds the arrays
+    return None, why
 
 
 def config_rows(scenario: str, cfg, backend, keys, opts: Options):
     """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done."""
     layers = sim_layers(cfg, backend, opts.layers)
+    dense_budget = cfg.is_dense_budget
+    # ncu's child builds its own one-layer workload: before ours, which may take most of the
+    # memory (on an H200 the child of smoke's 2k and 4k points could not create its context).
+    ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
     work, reason = _prepare(cfg, backend, layers)
     if work is None:
         yield from _skipped_rows(scenario, cfg, backend, keys, layers, reason,
@@ -158,8 +163,6 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         return
     row = lambda s, i, **kw: make_row(cfg, s, scenario=scenario, backend=backend.name,  # noqa: E731
                                       impl=i, layers=layers, union=work.union, **kw)
-    dense_budget = cfg.is_dense_budget
-    ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
     parts = {}
     for stage, impl in keys:
         if dense_budget and stage in model.QUEST_STAGES:

@@ -130,8 +130,12 @@ def tiled(xp, tile, shape, offset: int = 0):
     """An array of `shape` holding `tile` repeated from `offset` elements in (numpy or cupy):
     pools of many GiB without drawing that many random numbers."""
     total = math.prod(shape)
-    reps = -(-(total + offset) // tile.size)
-    return xp.tile(tile, reps)[offset:offset + total].reshape(shape)
+    rolled = xp.roll(tile, -(offset % tile.size))
+    reps = -(-total // tile.size)
+    out = xp.tile(rolled, reps)[:total]
+    # A slice keeps its whole base alive: a pool smaller than the tile would hold 8 MiB (fp16),
+    # and smoke's 7,680 layers of 1 MiB pools took all of an H200's 141 GiB. Copy such slices.
+    return (out.copy() if reps * tile.size > 2 * total else out).reshape(shape)
 
 
 def random_queries(rng, batch: int, q_heads: int, head_dim: int, dtype: str) -> np.ndarray:

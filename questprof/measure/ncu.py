@@ -124,9 +124,18 @@ def profile(job: dict, kernel_regex: str = ".", timeout_s: float = 300,
                           timeout=timeout_s, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     kernels = parse_csv(proc.stdout)
     if proc.returncode != 0 or not kernels:
-        tail = (proc.stderr.strip() or proc.stdout.strip())[-600:]
-        raise NcuError(f"ncu exited {proc.returncode} with {len(kernels)} kernels: {tail}")
+        raise NcuError(f"ncu exited {proc.returncode} with {len(kernels)} kernels: "
+                       f"{failure_text(proc.stderr + chr(10) + proc.stdout)}")
     return kernels
+
+
+def failure_text(output: str) -> str:
+    """What a failed ncu run says, short: ncu's ==ERROR== lines and the last line of the output
+    (a child's Python exception), not the middle of a traceback."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("==ERROR==")]
+    child = [line for line in lines if not line.startswith("==")]
+    return " | ".join(dict.fromkeys(child[-1:] + errors[-2:]))[-400:] or "no output"
 
 
 def split_by_marker(kernels: list[KernelMetrics], marker: str) -> list[list[KernelMetrics]]:

@@ -10,6 +10,7 @@ memory, and the memory checks (`free_bytes`, `fit_reason`, out-of-memory) live h
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Callable
 
 import numpy as np
@@ -38,11 +39,15 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 
 def release(backend) -> None:
-    """Give cached device blocks back so the next configuration sees the free memory."""
+    """Give cached device blocks back (CuPy's pool, and torch's when the peers used it) so the
+    next configuration, or a child process such as ncu's, sees the free memory."""
     if backend.is_gpu:
         import cupy
 
         cupy.get_default_memory_pool().free_all_blocks()
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
 
 
 @functools.cache
