@@ -75,3 +75,14 @@ def test_report_shows_floor_recommendation_and_frontier(frame, tmp_path):
 def test_report_without_fidelity_rows_has_no_fidelity_section(tmp_path):
     html = write_report(results_frame(_speed_rows()), {}, tmp_path).read_text()
     assert "Fidelity floor" not in html and "9. Fidelity" not in html
+
+
+def test_glance_highlights_the_recommended_setting_not_the_fastest(frame, tmp_path):
+    """Budget 256 is faster but misses the 0.9 floor: the highlighted row is budget 1k."""
+    html = write_report(frame, {"min_recall": 0.9, "scenario": "t"}, tmp_path).read_text()
+    table = html[html.index("glance-table"):html.index("</table>", html.index("glance-table"))]
+    best = [row for row in table.split("<tr") if "class=\"best\"" in row]
+    assert len(best) == 1 and ">1k<" in best[0]
+    assert "Highlighted: page 16, budget 1k, the fastest setting that keeps" in html
+    plain = write_report(results_frame(_speed_rows()), {}, tmp_path / "plain").read_text()
+    assert "Highlighted: the fastest page size and budget" in plain

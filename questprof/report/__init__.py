@@ -36,12 +36,21 @@ def _panels(pairs: pd.DataFrame):
         yield i, frames.label(PANEL, key, names), rows
 
 
-def _glance(pairs: pd.DataFrame, df: pd.DataFrame) -> str:
-    """Crossover and speedup at the longest length per curve; the best per panel highlighted."""
+def _glance(pairs: pd.DataFrame, df: pd.DataFrame, meta: dict) -> str:
+    """Crossover and speedup at the longest length per curve; highlighted: the setting the
+    fidelity floor recommends, else the fastest per panel."""
     if pairs.dropna(subset=["speedup"]).empty:
         return "<p>No configuration has both a Quest and a dense time: nothing to compare.</p>"
     g = frames.glance(pairs).dropna(subset=["speedup"])
-    g["best"] = g["speedup"] == g.groupby(PANEL)["speedup"].transform("max")
+    pick = fidelity_report.recommended(df, meta)
+    if pick is None:
+        g["best"] = g["speedup"] == g.groupby(PANEL)["speedup"].transform("max")
+        why = "the fastest page size and budget at the longest length of each batch"
+    else:
+        g["best"] = ((g["page_size"] == pick["page_size"]) & (g["budget"] == pick["budget"])
+                     & (g["mode"] == pick["mode"]))
+        why = (f"page {int(pick['page_size'])}, budget {fmt_tokens(pick['budget'])}, the fastest "
+               "setting that keeps the fidelity floor (the recommendation above), in each batch")
     g["cross"] = g["text"]
     g["at"] = g["longest"].map(fmt_tokens)
     g["sp"], g["id"] = g["speedup"].map(fmt_x), g["ideal"].map(fmt_x)
@@ -53,8 +62,8 @@ def _glance(pairs: pd.DataFrame, df: pd.DataFrame) -> str:
     if "mode" not in frames.varying(g, ["mode"]):
         columns.pop("mode")
     return (table(g, columns, "glance-table", numeric={"sp", "id", "share"}, best=g["best"])
-            + "<p class=\"note\">Highlighted: the fastest page size and budget at the longest "
-              "length of each batch. Speedup = dense median / Quest median per layer.</p>")
+            + f"<p class=\"note\">Highlighted: {why}. Speedup = dense median / Quest median "
+              "per layer.</p>")
 
 
 def _skipped(df: pd.DataFrame) -> str:
@@ -175,7 +184,7 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
     have = not pairs.empty
     empty = "<p>No measured rows: every row was skipped (see the list above).</p>"
     content = {
-        "glance": _glance(pairs, df) + _skipped(df),
+        "glance": _glance(pairs, df, meta) + _skipped(df),
         "crossover": _crossover(pairs) if have else empty,
         "speedup": _speedup(pairs) if have else empty,
         "roofline": _roofline(df, meta),

@@ -120,6 +120,15 @@ def frontier_section(df: pd.DataFrame, meta: dict) -> str:
     return figure(figs.frontier_figure(table_, min_recall(meta)), "fidelity-frontier")
 
 
+def recommended(df: pd.DataFrame, meta: dict) -> dict | None:
+    """{page_size, budget, mode} of the setting recommended under the fidelity floor, or None
+    (no fidelity rows, or no setting reaches the floor)."""
+    rec = ff.recommend(df, min_recall(meta)) if ff.has_fidelity(df) else None
+    if rec is None or rec["setting"] is None:
+        return None
+    return {k: rec["setting"][k] for k in ff.JOIN}
+
+
 def glance(df: pd.DataFrame, meta: dict) -> str:
     """One paragraph: the recommended setting under the fidelity floor (empty without fidelity)."""
     floor = min_recall(meta)
