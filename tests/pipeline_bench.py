@@ -117,16 +117,16 @@ def read_ceiling_gbs(repeats: int = 10) -> float:
     return n * 16 / (float(np.median(times)) * 1e-3) / 1e9
 
 
-VARIANTS = {  # PDL launch variants of the fused step (estimate_topk, attention): (stages launched
-    # with the attribute, stages releasing early); "quest 3 kernels": the pipeline's launches of
-    # estimate, top-K and attention
+VARIANTS = {  # PDL launch variants of quest()'s default step (estimate, top-K, attention): (stages
+    # launched with the attribute, stages releasing early); "quest fused": the pipeline's
+    # launches of estimate_topk and attention
     "pipeline": (STAGES, ops.QUEST_EARLY_RELEASE),  # what CupyBackend.quest runs
     "pdl all-early": (STAGES, STAGES),
     "pdl end-release": (STAGES, ()),
     "pdl no-estimate": (("topk", "attention"), ("topk",)),
 }
 NAMES = ("estimate", "topk", "attention", "estimate_topk", "estimate_topk all", "quest composed",
-         *(f"quest {v}" for v in VARIANTS), "quest 3 kernels", "dense", "torch SDPA")
+         *(f"quest {v}" for v in VARIANTS), "quest fused", "dense", "torch SDPA")
 
 
 def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> dict:
@@ -149,8 +149,8 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
         # every page chosen: the fused kernel's estimate and counting without a selection
         "estimate_topk all": lambda l: ops.estimate_topk(pool[l][1], pool[l][0], pages),
         "quest composed": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages),
-        "quest 3 kernels": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages,
-                                               launch=launchers["quest pipeline"], fused=False),
+        "quest fused": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages,
+                                           launch=launchers["quest pipeline"], fused=True),
         **{name: (lambda l, la=la: ops.quest(pool[l][1], pool[l][0], k_pages, launch=la))
            for name, la in launchers.items()},
         "dense": lambda l: ops.attention(pool[l][1], pool[l][0]),
