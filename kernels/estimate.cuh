@@ -15,6 +15,7 @@ struct Box { uint4 lo, hi; };  // one lane's 8 dimensions of a box's min and max
 // estimate_topk.cu).
 template <bool HEAD_MAJOR>
 struct Walk {
+  static constexpr bool head_major = HEAD_MAJOR;
   int kv_heads, nnz, limit;  // head-major: units at or past `limit` are not this walk's
   QP_DEVICE Unit unit(int n) const {
     return HEAD_MAJOR ? Unit{n % nnz, n / nnz} : Unit{n / kv_heads, n % kv_heads};
@@ -96,7 +97,10 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
     const bool valid = walk.valid(u);
     if (valid) req.seek(indptr, batch, u.i);
     float s[G];
-    score_heads<T, D, G>(q, box[r], (req.b * walk.kv_heads + u.h) * G, c, s);
+    // Units past the end still score (full-warp shuffles): head-major ones can have h >= Hkv,
+    // so they read q's head 0 instead of past its end (grid-stride ones keep h < Hkv).
+    const int h = W::head_major && !valid ? 0 : u.h;
+    score_heads<T, D, G>(q, box[r], (req.b * walk.kv_heads + h) * G, c, s);
     if (MODE == PER_HEAD) {
 #pragma unroll
       for (int t = 0; t < G; ++t)

@@ -12,9 +12,21 @@
 // (its EST_THREADS threads, keys in shared memory when `cached`) for each score head of the KV head
 // (G rows per-head, one in the shared modes) and leaves the count at zero for the next launch.
 //
-// Every request has at least one page (core/layout.py), so every row is finished by some block.
+// A request without pages (a context-parallel shard can have none) has no units, so no block
+// finishes its rows: block 0 writes their empty selection first, as topk.cu does.
 #include "estimate.cuh"
 #include "topk.cuh"
+
+// count 0 and K x -1 in every score head's row of each request without pages.
+QP_DEVICE void empty_requests(const int* __restrict__ indptr, int* __restrict__ sel,
+                              int* __restrict__ count, int batch, int heads, int k_pages) {
+  for (int b = 0; b < batch; ++b) {
+    if (indptr[b + 1] > indptr[b]) continue;
+    if (threadIdx.x == 0) count[b] = 0;
+    for (int x = threadIdx.x; x < heads * k_pages; x += EST_THREADS)
+      sel[((size_t)(x / k_pages) * batch + b) * k_pages + x % k_pages] = -1;
+  }
+}
 
 // grid: the estimate's one resident wave; dynamic shared memory = pages * 4 bytes when `cached`.
 template <typename T, int D, int G, int MODE>
@@ -31,13 +43,13 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
   __shared__ int finished[NT], n_finished;
   grid_wait();  // the grid before may still write q or the summaries
   grid_release();
+  if (blockIdx.x == 0) empty_requests(indptr, sel, count, batch, kv_heads * ROWS_PER_KV, k_pages);
   const int units = nnz * kv_heads, tiles = (units + TILE - 1) / TILE;
   const int per_block = (tiles + gridDim.x - 1) / gridDim.x;
   const int first = blockIdx.x * per_block, end = min(first + per_block, tiles);
   if (first < end)
     estimate_tiles<T, D, G, MODE, true, NT>(q, summ, indptr, indices, scores, batch, kv_heads, nnz,
                                         first, 1, end);
-  __threadfence();  // this block's scores reach L2 before its counts do
   // Thread j counts tiles first + j, first + j + NT, ..., one row segment of a tile per pass,
   // so a pass finishes at most NT rows.
   int t = first + threadIdx.x, u = t * TILE, stop = min(u + TILE, units);
@@ -45,6 +57,7 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
   if (threadIdx.x == 0) n_finished = 0;
   while (__syncthreads_or(more)) {
     if (more) {
+      __threadfence();  // after the barrier: the block's scores reach L2 before this count
       const int h = u / nnz, i = u % nnz, b = request_of(indptr, batch, i);
       const int row_first = __ldg(indptr + b), row_last = __ldg(indptr + b + 1);
       const int n = min(stop - u, row_last - i);

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import make_case, poison
 from questprof.core import reference
-from questprof.core.layout import random_queries, to_storage
+from questprof.core.layout import PagedKV, random_queries, to_storage
 from questprof.core.stages import MODES
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +48,7 @@ def test_tails_and_rows_shorter_than_a_tile(gpu, rng, dtype, d, s, k_pages):
 
 
 def test_many_short_requests(gpu, rng):
-    """300 requests of 1-3 pages: hundreds of rows finish in one pass of a block."""
+    """300 requests of 1-3 pages: one tile holds the units of many rows."""
     lengths = list(rng.integers(1, 48, size=300))
     kv = make_case(rng, lengths, 16, 2, 128, "fp16", spare_pages=3)
     _check(gpu, kv, random_queries(rng, len(lengths), 2, 128, "fp16"), 2, "shared-max")
@@ -74,3 +74,24 @@ def test_integer_scores_tie_to_lower_positions(gpu, rng):
                                  "fp16")
     q = to_storage(rng.integers(-1, 2, size=(2, 2, 64)).astype(np.float64), "fp16")
     _check(gpu, kv, q, 40)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 7])
+def test_blocks_with_many_tiles_and_rows(gpu, rng, monkeypatch, blocks):
+    """A grid of a few blocks (the launcher sizes it from the SMs): each block scores a run of
+    many tiles, all its threads count, and several rows finish in one pass."""
+    from questprof.backends import cupy as ops
+
+    monkeypatch.setattr(ops, "_estimate_grid", lambda kv, nnz, g: blocks)
+    lengths = [16 * 90 + 5, 3, 16 * 7, 16 * 33 + 1] + list(rng.integers(1, 40, size=40))
+    kv = make_case(rng, lengths, 16, 4, 64, "fp16", spare_pages=5)
+    _check(gpu, kv, random_queries(rng, len(lengths), 8, 64, "fp16"), 6)
+
+
+def test_a_request_without_pages_gets_an_empty_selection(gpu, rng):
+    """A context-parallel shard can hold no page of a request: count 0 and -1s, as topk."""
+    kv = make_case(rng, [16 * 40 + 3, 16 * 9], 16, 2, 128, "fp16")
+    empty = PagedKV(kv.k, kv.v, kv.summary, np.array([0, 41, 41, 50], dtype=np.int32),
+                    kv.kv_indices, np.array([3, 16, 16], dtype=np.int32), (16 * 40 + 3, 0, 16 * 9),
+                    16, "fp16")
+    _check(gpu, empty, random_queries(rng, 3, 2, 128, "fp16"), 4)

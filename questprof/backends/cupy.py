@@ -4,9 +4,9 @@ Three layers per kernel: `load_kernel` (cached module of one template instance),
 after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
 current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
 Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
-backends/constants.py, the same numbers the kernels are compiled with. `quest` chains
-estimate_topk (estimate and top-K as one kernel) and attention with programmatic dependent launch
-(backends/pdl.py) where it is available.
+backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
+top-K and attention (or, fused=True, estimate_topk and attention) with programmatic dependent
+launch (backends/pdl.py) where it is available.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 # Why quest() runs estimate and top-K as two kernels by default. H200, us per layer, MHA 32 heads,
 # d 128, page 16 (tests/pipeline_bench.py, one call): estimate_topk 19.4 / 54.7 / 77.5 against
-# estimate + topk alone 19.1 / 45.3 / 80.1, and the whole step 32.8 / 77.0 / 143.6 fused against
+# estimate + topk alone 19.5 / 45.5 / 80.1, and the whole step 32.8 / 77.0 / 143.6 fused against
 # 32.3 / 66.3 / 146.0 (32K-2048 B1 / 128K-4096 B1 / 32K-2048 B8). The rows all finish when the
 # estimate ends, and selecting one row is a serial chain of ~5 us on one block, as long as the
 # top-K kernel's cost in the pipeline; the head-major walk adds 2.3-4.2 us to the estimate.

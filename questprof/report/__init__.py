@@ -50,7 +50,8 @@ def _glance(pairs: pd.DataFrame, df: pd.DataFrame, meta: dict) -> str:
         g["best"] = ((g["page_size"] == pick["page_size"]) & (g["budget"] == pick["budget"])
                      & (g["mode"] == pick["mode"]))
         why = (f"page {int(pick['page_size'])}, budget {fmt_tokens(pick['budget'])}, the fastest "
-               "setting that keeps the fidelity floor (the recommendation above), in each batch")
+               "setting that keeps the fidelity floor (the recommendation above), wherever it "
+               "was timed")
     g["cross"] = g["text"]
     g["at"] = g["longest"].map(fmt_tokens)
     g["sp"], g["id"] = g["speedup"].map(fmt_x), g["ideal"].map(fmt_x)
