@@ -107,6 +107,8 @@ class ResultsWriter:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.meta = dict(meta or {})
+        if not (self.dir / ROWS).is_file() and (self.dir / PARQUET).is_file():
+            _rows_from_parquet(self.dir)  # else closing would rewrite the parquet without them
         self._rows = open(self.dir / ROWS, "a", encoding="utf-8")
         self.write_meta()
 
@@ -133,6 +135,20 @@ class ResultsWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(finished=exc_type is None)
+
+
+def _rows_from_parquet(out_dir: Path) -> None:
+    """rows.jsonl from results.parquet, for a directory kept without it (a committed example)."""
+    lines = []
+    for record in pd.read_parquet(out_dir / PARQUET).to_dict("records"):
+        row = {}
+        for key, value in record.items():
+            if hasattr(value, "tolist") and getattr(value, "ndim", 0):
+                row[key] = value.tolist()  # list columns (e.g. passkey keys) come back as arrays
+            elif value is not None and not (isinstance(value, float) and math.isnan(value)):
+                row[key] = value
+        lines.append(json.dumps(row, default=_json_default) + "\n")
+    _write_atomic(out_dir / ROWS, "".join(lines))
 
 
 def append_rows(out_dir, rows: list[dict], **meta) -> None:

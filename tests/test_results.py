@@ -152,3 +152,17 @@ def test_summary_table_takes_the_fastest_dense():
     table = summary_table(df).set_index("length")
     assert table.loc[4096, "speedup"] == pytest.approx(3.0)
     assert table.loc[4096, "dense_impl"] == "torch-sdpa"
+
+
+def test_appending_to_a_directory_kept_without_rows_jsonl_keeps_its_rows(tmp_path):
+    """Committed examples keep results.parquet only; adding rows to one (fidelity --out, e2e)
+    must not rewrite the parquet from the new rows alone."""
+    with ResultsWriter(tmp_path, {"scenario": "t"}) as writer:
+        writer.append({"stage": "dense", "length": 2048, "median_ms": 0.5})
+        writer.append({"stage": "passkey", "length": 8192, "passkey_keys": ["12345", "67890"]})
+    (tmp_path / results.ROWS).unlink()
+    results.append_rows(tmp_path, [{"stage": "quest", "length": 2048, "median_ms": 0.1}], more=1)
+    df, meta = results.load(tmp_path)
+    assert sorted(df["stage"]) == ["dense", "passkey", "quest"] and meta["more"] == 1
+    assert list(df[df["stage"] == "passkey"]["passkey_keys"].iloc[0]) == ["12345", "67890"]
+    assert len(pd.read_parquet(tmp_path / results.PARQUET)) == 3
