@@ -48,8 +48,8 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
   const int per_block = (tiles + gridDim.x - 1) / gridDim.x;
   const int first = blockIdx.x * per_block, end = min(first + per_block, tiles);
   if (first < end)
-    estimate_tiles<T, D, G, MODE, true, NT>(q, summ, indptr, indices, scores, batch, kv_heads, nnz,
-                                        first, 1, end);
+    estimate_tiles<T, D, G, MODE, true, NT>(q, summ, indptr, indices, scores, batch, kv_heads,
+                                            nnz, first, 1, end);
   // Thread j counts tiles first + j, first + j + NT, ..., one row segment of a tile per pass,
   // so a pass finishes at most NT rows.
   int t = first + threadIdx.x, u = t * TILE, stop = min(u + TILE, units);
@@ -83,8 +83,8 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
       for (int r = 0; r < ROWS_PER_KV; ++r) {
         const int s = h * ROWS_PER_KV + r;
         select_row<NT>(scores + (size_t)s * nnz + row_first,
-                                cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages,
-                                k_pages, sinks, window, sel + ((size_t)s * batch + b) * k_pages, sh);
+                       cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages, sinks,
+                       window, sel + ((size_t)s * batch + b) * k_pages, sh);
       }
     }
     __syncthreads();  // every thread has read n_finished
