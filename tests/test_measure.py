@@ -221,6 +221,7 @@ class FakeCollector:
         return self._step("stop")
 
     def decode(self, max_samples):
+        type(self).provisioned = max_samples
         return self._step("decode", Samples())
 
 
@@ -254,6 +255,19 @@ def fake_cupti(monkeypatch):
 def test_cupti_available_runs_a_real_session(fake_cupti):
     assert cupti.available() == (True, None)
     assert fake_cupti.calls == ["enable", "configure", "start", "stop", "decode"]
+
+
+def test_decode_provisions_the_window_not_the_maximum():
+    """A 30 ms window at 100 us needs ~300 samples: provision twice that, not MAX_SAMPLES (whose
+    counter image cost 28 ms a decode), and never fewer than the window spanned."""
+    assert 600 <= cupti.decode_samples(0.030, 100_000) <= 700
+    assert cupti.decode_samples(60.0, 100_000) == cupti.MAX_SAMPLES
+    assert cupti.decode_samples(0.0, 100_000) >= 64
+
+
+def test_a_window_decodes_with_its_own_sample_count(fake_cupti):
+    cupti.measure(lambda: None, 3, 0.01, cupti.IdleRate(0.0, 0.0))
+    assert 64 <= fake_cupti.provisioned < cupti.MAX_SAMPLES
 
 
 def test_cupti_available_reports_a_failing_configure(fake_cupti):

@@ -65,10 +65,10 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
     """measured_read_bytes, measured_write_bytes, bytes_source of one stage, or a note why not."""
     from questprof.measure import dram
 
+    start = time.perf_counter()  # the score copies below are the measurement's cost too
     if stage == "topk":  # top-K reads only scores: copies of them make its own cold rotation
         need = model.COLD_FACTOR * l2_bytes()
         work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
-    start = time.perf_counter()
     try:
         if opts.idle is None:
             from questprof.measure import cupti

@@ -153,6 +153,7 @@ def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
     collector = _collector()
     pad = PAD_INTERVALS * interval_ns * 1e-9
     _configure(collector, interval_ns)
+    opened = time.perf_counter()
     _check("start", collector.start)
     try:
         time.sleep(pad)
@@ -163,12 +164,24 @@ def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
         time.sleep(pad)
     finally:
         _check("stop", collector.stop)
-    data = _check("decode", collector.decode, max_samples=MAX_SAMPLES)
+    samples = decode_samples(time.perf_counter() - opened, interval_ns)
+    data = _check("decode", collector.decode, max_samples=samples)
     if data.num_populated_samples > data.num_completed_samples + 1:
         raise CuptiError(f"CUPTI decode: only {data.num_completed_samples} of "
                          f"{data.num_populated_samples} samples completed: bytes would be lost")
     read, write = sum_samples(_check("metric evaluation", list, data))
     return read, write, seconds, data.num_completed_samples
+
+
+def decode_samples(open_seconds: float, interval_ns: int) -> int:
+    """Samples to provision when decoding a window that was open `open_seconds`: twice the
+    intervals it spanned, plus slack, at most MAX_SAMPLES. cupti-python builds a fresh counter
+    image of max_samples for every decode; at MAX_SAMPLES that took 28 ms a window on an H200
+    (2026-12-01, commit 5aeb93e: 12.1 s of the longchat-7b main job's 426 windows). A window
+    that held more samples than provisioned fails the completed-samples check below, never
+    silently."""
+    spanned = math.ceil(open_seconds * 1e9 / interval_ns)
+    return int(min(MAX_SAMPLES, 2 * spanned + 64))
 
 
 def sum_samples(samples) -> tuple[float, float]:

@@ -8,6 +8,7 @@ read (measure.ceilings.Flush), and the same loop without the stage is subtracted
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Callable
 
@@ -24,6 +25,31 @@ def repeats_for(fn, seconds: float, call_ms: float | None = None) -> int:
 
         call_ms = median_ms(fn, repeats=3, warmup=1)
     return int(min(2000, max(3, math.ceil(seconds * 1e3 / max(call_ms, 1e-6)))))
+
+
+@contextlib.contextmanager
+def replayed(rotation: Callable[[], object]):
+    """A launch of `rotation` (one pass over the layers) as a CUDA-graph replay on a stream of
+    its own, or the rotation itself where capture fails. A measured window then costs one host
+    launch per pass, not one per layer: launching each layer from Python made the windows host
+    bound (31 s of the longchat-7b main job's 56 s of byte measurement on an H200, 2026-12-01,
+    commit 5aeb93e, at 5-7x the GPU time they measured). The graph's kernels are those of the
+    eager pass; replays happen before anything else allocates, as in measure.timing."""
+    import cupy
+
+    from questprof.measure.timing import capture
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        rotation()  # outputs allocated and kernels loaded before the capture
+        stream.synchronize()
+        try:
+            replay = capture(rotation, stream, uses_torch=False)
+        except Exception:  # capture unsupported: eager launches measure the same bytes
+            stream.synchronize()
+            replay = rotation
+        yield replay
+        stream.synchronize()
 
 
 def _sync_loop(fn, repeats: int) -> None:
@@ -55,7 +81,9 @@ def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=
             for layer in range(calls):
                 launch(layer)
 
-        got = cupti.measure(rotation, repeats_for(rotation, seconds, pass_ms), seconds, idle)
+        repeats = repeats_for(rotation, seconds, pass_ms)
+        with replayed(rotation) as replay:
+            got = cupti.measure(replay, repeats, seconds, idle)
         return got.read / calls, got.write / calls
 
     def with_stage():

@@ -71,7 +71,7 @@ def _time_cpu(run_layer, layers: int, warmup: int, repeats: int) -> Timing:
     return Timing(tuple(samples), "perf-counter")
 
 
-def _capture(launch, stream, uses_torch: bool):
+def capture(launch, stream, uses_torch: bool):
     """A replay function of `launch` captured as a CUDA graph on `stream`."""
     if uses_torch:
         import torch
@@ -124,7 +124,7 @@ def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
         run = launch
         if graph:
             try:
-                run = _capture(launch, stream, uses_torch)
+                run = capture(launch, stream, uses_torch)
             except Exception as exc:  # capture unsupported here: time launches, and say why
                 stream.synchronize()
                 note = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); eager launches"

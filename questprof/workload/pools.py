@@ -197,8 +197,14 @@ class Workload:
     def rotate_topk(self, calls: int) -> None:
         """Copies of the scores so that top-K, which reads only them, has a cold rotation of
         `calls` calls of its own (byte measurement)."""
-        self.topk_scores = [self.scores[i] if i < self.layers else self.scores[i % self.layers]
-                            .copy() for i in range(max(self.layers, calls))]
+        extra = max(self.layers, calls) - self.layers
+        copies = []
+        if extra:  # one tiled copy, not one copy per call (147,615 copies took 6.4 s of a sweep)
+            xp = _xp(self.backend)
+            stacked = xp.stack(self.scores)
+            reps = (-(-extra // self.layers),) + (1,) * (stacked.ndim - 1)
+            copies = list(xp.tile(stacked, reps)[:extra])
+        self.topk_scores = list(self.scores) + copies
 
     def calls(self, stage: str) -> int:
         """Calls of `stage` in one cold pass (launch(0) .. launch(calls - 1))."""
