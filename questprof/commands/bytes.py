@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from questprof.commands.bytes_verdict import (EXIT_FAIL, EXIT_OK, MIN_JUDGED_BYTES, TOLERANCE,
-                                              CheckResult, agreement, judge, label, verdict)
+from questprof.commands.bytes_verdict import (MIN_JUDGED_BYTES, TOLERANCE, CheckResult,
+                                              conclude, label, verdict)
 from questprof.core import model
 from questprof.core.stages import ROW_STAGES
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
@@ -210,16 +210,9 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
     if not rows:
         status, lines = verdict([], tolerance, sources)
         return CheckResult([], [], status, lines, sources)
-    rows = [judge(r, tolerance) for r in rows]
-    for r in rows:  # GPM is a whole-device signal: it decides only when it is the one source
-        if r["bytes_source"] == "nvml" and len(usable) > 1 and r["bytes_within"] is not None:
-            r["bytes_within"], r["note"] = None, "GPM whole-device signal: cross-check, not judged"
-    status, lines = verdict(rows, tolerance, sources)
-    agree, agree_lines = agreement(rows)
-    if not agree and status == EXIT_OK:
-        status = EXIT_FAIL
+    rows, status, lines = conclude(rows, tolerance, sources, usable)
     skipped = [f"{s} unavailable: {why}" for s, why in sources.items() if why]
-    return CheckResult(rows, rho, status, lines + agree_lines + skipped, sources)
+    return CheckResult(rows, rho, status, lines + skipped, sources)
 
 
 def _measure_source(src, configs, backend, flush, naive, protocol, log):
