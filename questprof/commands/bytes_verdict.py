@@ -60,6 +60,9 @@ def judge(row: dict, tolerance: float = TOLERANCE) -> dict:
     row["bytes_within"] = None
     if row.get("impl") in NOT_JUDGED_IMPLS:
         return row
+    if row.get("measured_read_bytes") is None:  # no byte count (GPM where it cannot be one)
+        row["note"] = row.get("note") or "not judged: no measured read"
+        return row
     if read < MIN_JUDGED_BYTES or row["bytes_ratio"] is None:
         row["note"] = row.get("note") or f"not judged: {read:,.0f} B per layer is under 1 MiB"
         return row
