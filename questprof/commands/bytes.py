@@ -264,11 +264,11 @@ def bytes_command(args: dict, out_dir, json_out, argv) -> int:
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if out_dir is not None and result.rows:
-        from questprof.core.machine import git_commit, machine_info
+        from questprof.core.machine import git_fields, machine_info
         from questprof.results import ResultsWriter, now
 
         meta = {"scenario": args["scenario"], "command": " ".join(["questprof", *argv]),
-                "started": now(), "git_commit": git_commit(), "machine": machine_info(),
+                "started": now(), **git_fields(), "machine": machine_info(),
                 "backend": "cupy", "bytes": {"sources": result.sources, "rho": result.rho,
                                              "status": result.status, "lines": result.lines}}
         with ResultsWriter(out_dir, meta) as writer:
