@@ -110,8 +110,9 @@ def sweep(
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     from questprof.commands import sweep_job
 
-    given = {k: v for k, v in locals().items() if k not in ("out_dir", "resume", "sweep_job")}
-    target = sweep_job.sweep_command(given, out_dir, resume, sys.argv[1:])
+    options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume", "sweep_job")}
+    args = sweep_job.SweepArgs.from_options(**options)  # None: not given
+    target = sweep_job.sweep_command(args, out_dir, resume, sys.argv[1:])
     _write_report(target)
     console.out.print(f"results: {target}", highlight=False)
 

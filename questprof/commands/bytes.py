@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from questprof.commands.bytes_verdict import (EXIT_FAIL, EXIT_OK, MIN_JUDGED_BYTES, TOLERANCE,
-                                              CheckResult, agreement, judge, label, verdict)
+from questprof.commands.bytes_verdict import (MIN_JUDGED_BYTES, TOLERANCE, CheckResult,
+                                              conclude, label, verdict)
 from questprof.core import model
 from questprof.core.stages import ROW_STAGES
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
@@ -81,13 +81,14 @@ def _calibration_row(source: str, modelled: int, read, write, note=None) -> dict
             "note": note, "status": "ok"}
 
 
-def calibrate(sources, flush) -> tuple[list[dict], float | None]:
-    """A read kernel of known bytes through each source (rows) and GPM's full scale (GB/s)."""
-    from questprof.measure import ceilings, cupti, dram, ncu, nvml
+def calibrate(sources, flush, tolerance: float = TOLERANCE):
+    """A read kernel of known bytes through each source (rows), and GPM's calibration
+    (measure.nvml.GpmCalibration) when nvml is among them, else None."""
+    from questprof.measure import ceilings, cupti, dram, ncu
 
     x = ceilings.random_buffer(CALIBRATION_BYTES)
     read = lambda: ceilings.launch_read(x, flush.sink)  # noqa: E731
-    rows, full_scale = [], None
+    rows, gpm = [], None
     if "cupti" in sources:
         got = cupti.measure(read, 20)
         rows.append(_calibration_row("cupti", CALIBRATION_BYTES, got.read, got.write))
@@ -98,12 +99,18 @@ def calibrate(sources, flush) -> tuple[list[dict], float | None]:
     if "nvml" in sources:
         cupti.release()
         repeats = dram.repeats_for(read, TARGET_SECONDS["nvml"])
-        full_scale = nvml.calibrate_gpm(lambda: dram._sync_loop(read, repeats),
-                                        repeats * CALIBRATION_BYTES)
-        again = dram.gpm_bytes(read, repeats, full_scale) / repeats
-        rows.append(_calibration_row("nvml", CALIBRATION_BYTES, again, None,
-                                     f"GPM 100% = {full_scale:,.0f} GB/s here"))
-    return rows, full_scale
+        gpm = dram.gpm_calibration(read, repeats, CALIBRATION_BYTES, tolerance)
+        holds = gpm.why_not is None
+        rows.append(_calibration_row(
+            "nvml", CALIBRATION_BYTES, gpm.repeat_ratio * CALIBRATION_BYTES if holds else None,
+            None, f"GPM 100% = {gpm.full_scale_gbs:,.0f} GB/s here" if holds
+            else gpm_note(gpm.why_not)))
+    return rows, gpm
+
+
+def gpm_note(why: str | None) -> str | None:
+    """A GPM row's note where its figure is no byte count (it is then never printed or judged)."""
+    return None if why is None else f"nvml: not a byte count here ({why})"
 
 
 def _workload(cfg, backend, source: str, protocol: str):
@@ -122,23 +129,32 @@ def _workload(cfg, backend, source: str, protocol: str):
     return work
 
 
-def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True,
-                   protocol: str = "rotate") -> tuple[list[dict], list[dict]]:
-    """Rows and rho rows of every stage of `cfg` through one source."""
+def _measured(work, source: str, keys, flush, gpm, protocol: str) -> dict:
+    """{(stage, impl): (read, write, why not a byte count or None)} through one source."""
     from questprof.measure import dram
 
+    name = lambda k: k[1] if k[1] != OURS else k[0]  # noqa: E731 - the launcher's name
+    if source == "ncu":
+        got = ncu_bytes(work.cfg, [name(k) for k in keys])
+        return {k: (*got[name(k)], None) for k in keys}
+    if source == "nvml":
+        figures = {k: dram.gpm_stage_bytes(work.launcher(name(k)), work.calls(k[0]), flush, gpm)
+                   for k in keys}
+        return {k: (g.bytes, None, g.why_not) for k, g in figures.items()}
+    return {k: (*dram.stage_bytes(source, work.launcher(name(k)), work.calls(k[0]), flush,
+                                  protocol), None) for k in keys}
+
+
+def measure_config(cfg, backend, source: str, flush, gpm=None, naive=True,
+                   protocol: str = "rotate") -> tuple[list[dict], list[dict]]:
+    """Rows and rho rows of every stage of `cfg` through one source (gpm: GPM's calibration)."""
     work = _workload(cfg, backend, source, protocol)
     keys = [(s, OURS) for s in STAGES] + ([("attention", NAIVE)] if naive else [])
-    if source == "ncu":
-        got = ncu_bytes(cfg, [i if i != OURS else s for s, i in keys])
-        got = {k: got[k[1] if k[1] != OURS else k[0]] for k in keys}
-    else:
-        got = {(s, i): dram.stage_bytes(source, work.launcher(i if i != OURS else s),
-                                        work.calls(s), flush, full_scale, protocol)
-               for s, i in keys}
+    got = _measured(work, source, keys, flush, gpm, protocol)
     rows = [make_row(cfg, s, scenario="bytes", backend=backend.name, impl=i, work=work.work(s),
                      layers=work.calls(s), union=work.union, measured_read_bytes=got[(s, i)][0],
-                     measured_write_bytes=got[(s, i)][1], bytes_source=source)
+                     measured_write_bytes=got[(s, i)][1], bytes_source=source,
+                     note=gpm_note(got[(s, i)][2]))
             for s, i in keys]
     if source == "cupti" and protocol == "rotate":
         _note_short_rotations(rows, work)
@@ -171,6 +187,8 @@ def _name_naive(row: dict, work) -> None:
     """Say how much more the naive peer reads and writes than our sparse attention."""
     from questprof.workload.peers import gathered_bytes
 
+    if row["measured_read_bytes"] is None:  # GPM gave no byte count: its note says why
+        return
     gathered = gathered_bytes(work.cfg, work.backend.to_host(work.selections[0][0]))
     extra_read = row["measured_read_bytes"] - row["read_bytes"] - row["unmodelled_bytes"]
     extra_write = (None if row["measured_write_bytes"] is None
@@ -210,25 +228,18 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
     if not rows:
         status, lines = verdict([], tolerance, sources)
         return CheckResult([], [], status, lines, sources)
-    rows = [judge(r, tolerance) for r in rows]
-    for r in rows:  # GPM is a whole-device signal: it decides only when it is the one source
-        if r["bytes_source"] == "nvml" and len(usable) > 1 and r["bytes_within"] is not None:
-            r["bytes_within"], r["note"] = None, "GPM whole-device signal: cross-check, not judged"
-    status, lines = verdict(rows, tolerance, sources)
-    agree, agree_lines = agreement(rows)
-    if not agree and status == EXIT_OK:
-        status = EXIT_FAIL
+    rows, status, lines = conclude(rows, tolerance, sources, usable)
     skipped = [f"{s} unavailable: {why}" for s, why in sources.items() if why]
-    return CheckResult(rows, rho, status, lines + agree_lines + skipped, sources)
+    return CheckResult(rows, rho, status, lines + skipped, sources)
 
 
 def _measure_source(src, configs, backend, flush, naive, protocol, log):
     """Calibration rows and every configuration's rows through one source."""
     rows, rho = [], []
-    more, full_scale = calibrate([src], flush)
+    more, gpm = calibrate([src], flush)
     rows += more
     for cfg in configs:
-        more, more_rho = measure_config(cfg, backend, src, flush, full_scale, naive, protocol)
+        more, more_rho = measure_config(cfg, backend, src, flush, gpm, naive, protocol)
         rows, rho = rows + more, rho + more_rho
         if log is not None:  # a long check shows it is alive, one line per configuration
             log(f"{src}: {label(more[0])} measured")
@@ -253,11 +264,11 @@ def bytes_command(args: dict, out_dir, json_out, argv) -> int:
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if out_dir is not None and result.rows:
-        from questprof.core.machine import git_commit, machine_info
+        from questprof.core.machine import git_fields, machine_info
         from questprof.results import ResultsWriter, now
 
         meta = {"scenario": args["scenario"], "command": " ".join(["questprof", *argv]),
-                "started": now(), "git_commit": git_commit(), "machine": machine_info(),
+                "started": now(), **git_fields(), "machine": machine_info(),
                 "backend": "cupy", "bytes": {"sources": result.sources, "rho": result.rho,
                                              "status": result.status, "lines": result.lines}}
         with ResultsWriter(out_dir, meta) as writer:

@@ -14,7 +14,13 @@ from dataclasses import dataclass, field
 from questprof.results import BYTES_TOLERANCE as TOLERANCE
 from questprof.results import MIN_JUDGED_BYTES
 
-AGREEMENT = 0.01  # CUPTI and ncu on the same configuration and stage
+# CUPTI against ncu on one configuration and stage. On an H200 (2026-11-29, the trees of
+# commits 47640e4 and f8af005; reports/example-h200-bytes) the stage rows differed by at most
+# -0.61% (sparse attention, longchat-7b 32K), and on a Mistral-7B shape at 40K (issue 19) all
+# stage rows by under 1%: ncu replays each kernel from a cold cache and reads from DRAM what a
+# run keeps in L2 (dense at 16K: +0.89%, its fp32 split partials). 2% holds that agreement with
+# room; a stage one source read partly from L2 is off by more (-1.3% to -92% in short rotations).
+AGREEMENT = 0.02
 EXIT_OK, EXIT_FAIL, EXIT_NO_SOURCE = 0, 1, 3
 NOT_JUDGED_IMPLS = ("torch-gather",)  # peers expected to exceed: the excess is named
 
@@ -54,6 +60,9 @@ def judge(row: dict, tolerance: float = TOLERANCE) -> dict:
     row["bytes_within"] = None
     if row.get("impl") in NOT_JUDGED_IMPLS:
         return row
+    if row.get("measured_read_bytes") is None:  # no byte count (GPM where it cannot be one)
+        row["note"] = row.get("note") or "not judged: no measured read"
+        return row
     if read < MIN_JUDGED_BYTES or row["bytes_ratio"] is None:
         row["note"] = row.get("note") or f"not judged: {read:,.0f} B per layer is under 1 MiB"
         return row
@@ -86,25 +95,80 @@ def verdict(rows: list[dict], tolerance: float = TOLERANCE,
                      f"({len(rows) - judged} small or peer rows reported, not judged)"]
 
 
-def agreement(rows: list[dict], tolerance: float = AGREEMENT) -> tuple[bool, list[str]]:
-    """CUPTI's read ratio (measured / model) against ncu's for every stage judged by both on one
-    configuration: (all within tolerance, lines naming the largest difference and each beyond)."""
+# How each source counts the Quest step's bytes; its rows are cross-checked only where two
+# sources counted it the same way. Stage rows are each stage's own kernels, cold, in both. CUPTI's
+# window keeps the step's scores and selections in L2; ncu reads them again: at longchat-7b 128K
+# batch 8 (H200, 2026-11-29) ncu's quest read exceeded CUPTI's by 17.6 MB, of 17.7 MB unmodelled.
+STEP_COUNTED = {
+    "cupti": ("one window", "CUPTI counts the step in one window, where its scores stay in L2"),
+    "ncu": ("cold kernels", "ncu replays the step, each kernel from a cold cache"),
+}
+SOURCE_NAMES = {"cupti": "CUPTI", "ncu": "ncu", "nvml": "GPM"}
+
+
+def counted(row: dict) -> tuple[str, str]:
+    """(how, in words) a row's measured bytes were counted: 'stage' for a stage's own kernels,
+    'sum' for a Quest step summed from its stages (bytes_source '<source>-sum')."""
+    if row["stage"] != "quest":
+        return "stage", "the stage's kernels"
+    source = str(row.get("bytes_source"))
+    if source.endswith("-sum"):
+        base = source.removesuffix("-sum")
+        return "sum", f"{SOURCE_NAMES.get(base, base)} sums the stages"
+    return STEP_COUNTED.get(source, (source, f"{source} measures the step"))
+
+
+def cross_pairs(rows: list[dict]) -> tuple[list[tuple[dict, dict]], list[tuple[dict, dict]]]:
+    """(CUPTI, ncu) pairs of rows both judged on one configuration, stage and impl: (those
+    counted alike, those not)."""
     key = lambda r: (label(r), r["stage"], r.get("impl"))  # noqa: E731
-    judged = lambda r, s: r.get("bytes_source") == s and r.get("bytes_within") is not None  # noqa: E731
+    judged = lambda r, s: (str(r.get("bytes_source")).startswith(s)  # noqa: E731
+                           and r.get("bytes_within") is not None)
     ncu = {key(r): r for r in rows if judged(r, "ncu")}
     pairs = [(r, ncu[key(r)]) for r in rows if judged(r, "cupti") and key(r) in ncu]
+    alike = [p for p in pairs if counted(p[0])[0] == counted(p[1])[0]]
+    return alike, [p for p in pairs if p not in alike]
+
+
+def agreement(rows: list[dict], tolerance: float = AGREEMENT) -> tuple[bool, list[str]]:
+    """CUPTI's read ratio (measured / model) against ncu's for every row judged by both on one
+    configuration and counted alike: (all within tolerance, lines naming the largest difference,
+    each beyond, and each pair not cross-checked with why)."""
+    pairs, unlike = cross_pairs(rows)
+    lines = [f"  {a['stage']} {label(a)}: not cross-checked: {counted(a)[1]}, {counted(b)[1]}"
+             for a, b in unlike]
     if not pairs:
-        return True, []
+        return True, lines
 
     def diff(p):  # ratios, since the calibration reads differ in size; ncu at 0 B disagrees
         return p[0]["bytes_ratio"] / p[1]["bytes_ratio"] - 1 if p[1]["bytes_ratio"] > 0 else math.inf
     worst = max(pairs, key=lambda p: abs(diff(p)))
-    lines = [f"CUPTI vs ncu: {len(pairs)} stage rows, largest difference {diff(worst):+.2%} "
-             f"({worst[0]['stage']}, {label(worst[0])})"]
+    head = [f"CUPTI vs ncu: {len(pairs)} stage rows, largest difference {diff(worst):+.2%} "
+            f"({worst[0]['stage']}, {label(worst[0])})"]
     off = [p for p in pairs if abs(diff(p)) > tolerance]
-    lines += [f"  {a['stage']} {label(a)}: CUPTI {diff((a, b)):+.2%} against ncu (beyond "
-              f"{tolerance:.0%})" for a, b in off]
-    return not off, lines
+    head += [f"  {a['stage']} {label(a)}: CUPTI {diff((a, b)):+.2%} against ncu (beyond "
+             f"{tolerance:.0%})" for a, b in off]
+    return not off, head + lines
+
+
+def conclude(rows: list[dict], tolerance: float, sources: dict[str, str | None],
+             usable: list[str]) -> tuple[list[dict], int, list[str]]:
+    """Judged rows, exit status and lines of a check's measured rows: each source against the
+    model, then CUPTI against ncu where both counted alike (a pair counted differently says so
+    in its notes, and decides nothing)."""
+    rows = [judge(r, tolerance) for r in rows]
+    for r in rows:  # GPM is a whole-device signal: it decides only when it is the one source
+        if r["bytes_source"] == "nvml" and len(usable) > 1 and r["bytes_within"] is not None:
+            r["bytes_within"], r["note"] = None, "GPM whole-device signal: cross-check, not judged"
+    status, lines = verdict(rows, tolerance, sources)
+    agree, agree_lines = agreement(rows)
+    for a, b in cross_pairs(rows)[1]:
+        why = f"not cross-checked: {counted(a)[1]}, {counted(b)[1]}"
+        for r in (a, b):
+            r["note"] = f"{r['note']}; {why}" if r.get("note") else why
+    if not agree and status == EXIT_OK:
+        status = EXIT_FAIL
+    return rows, status, lines + agree_lines
 
 
 def table(result: CheckResult) -> str:

@@ -213,13 +213,13 @@ def _ceilings(backend) -> dict:
 def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None,
                byte_status: dict | None = None) -> dict:
     """meta.json of a run (notes/CONTRACTS.md)."""
-    from questprof.core.machine import git_commit, machine_info
+    from questprof.core.machine import git_fields, machine_info
 
     timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers")} \
         if opts else {}
     return {"scenario": scenario.name, "scenario_path": str(scenario.path),
             "command": command or " ".join(sys.argv), "started": now(), "finished": None,
-            "git_commit": git_commit(), "machine": machine_info(), "backend": backend.name,
+            **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": getattr(backend, "fallback_reason", None),
             "ceilings": _ceilings(backend), "grid": _grid(configs), "timing": timing,
             "bytes": byte_status or {}}

@@ -9,6 +9,7 @@ at 8k, 32k and 128k (within the grid's lengths).
 from __future__ import annotations
 
 import time
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -16,8 +17,6 @@ from questprof import console
 from questprof.core.config import ConfigError
 from questprof.core.scenarios import configs_from_args
 
-DEFAULTS = {"scenario": "longchat-7b", "backend": "auto", "graph": True, "bytes_source": "auto",
-            "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1, "fidelity": False}
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times of the reference are context, not the product: 3 passes
 # keep the main job within minutes there (compare then says NOISY: too few passes to judge)
@@ -28,15 +27,64 @@ TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}
 SECONDS_PER_CONFIG = {True: 0.8, False: 6.8}
 
 
-def resolve_args(resume: Path | None, given: dict) -> dict:
-    """The sweep's arguments: those given, else the first run's (from meta.json), else defaults."""
-    first = {}
-    if resume is not None:
-        from questprof import results
+@dataclass(frozen=True)
+class SweepArgs:
+    """The arguments of `questprof sweep`, each with its default; None where the scenario or
+    the machine that runs it decides (said beside it). meta.json keeps them for --resume."""
 
-        first = results.load(resume)[1].get("args", {})
-    merged = {k: v if v is not None else first.get(k) for k, v in given.items()}
-    return {k: v if v is not None else DEFAULTS.get(k) for k, v in merged.items()}
+    scenario: str = "longchat-7b"  # a name under scenarios/ or a .toml path
+    lengths: str | None = None  # range syntax; None: the scenario's (so for the next four)
+    batch: str | None = None
+    page_size: str | None = None
+    budget: str | None = None
+    mode: str | None = None  # selection modes, comma-separated
+    backend: str = "auto"  # auto, cupy or numpy
+    layers: int | None = None  # None: a pass >= 8x L2 on a GPU, 1 on the CPU
+    repeats: int | None = None  # None: TIMING_DEFAULTS of the backend
+    warmup: int | None = None  # None: TIMING_DEFAULTS of the backend
+    graph: bool = True
+    bytes_source: str = "auto"  # one of BYTE_SOURCES
+    peers: bool | None = None  # None: on a GPU with torch
+    e2e: bool | None = None  # None: on a GPU with torch, at e2e.E2E_LENGTHS within the grid
+    e2e_budget: int = 2048
+    e2e_page_size: int = 16
+    gpus: int = 1
+    fidelity: bool = False
+    e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
+    # the fields named on the command line: over a resumed run's, only these change
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
+
+    @classmethod
+    def from_options(cls, **options) -> SweepArgs:
+        """From the command line's options, None meaning not given."""
+        given = {k: v for k, v in options.items() if v is not None}
+        return cls(**given, given=frozenset(given))
+
+    @classmethod
+    def from_meta(cls, saved: dict) -> SweepArgs:
+        """From an earlier run's meta.json 'args': keys no longer arguments (e2e_default of
+        older runs) are left out, and a null or missing one takes its default."""
+        names = {f.name for f in fields(cls)} - {"given"}
+        return cls(**{k: v for k, v in saved.items() if k in names and v is not None})
+
+    def over(self, first: SweepArgs) -> SweepArgs:
+        """These arguments where given, else `first`'s (the run being resumed)."""
+        return replace(first, **{k: getattr(self, k) for k in self.given}, given=self.given)
+
+    def as_dict(self) -> dict:
+        """meta.json's 'args': dataclasses.asdict without `given`."""
+        out = asdict(self)
+        del out["given"]
+        return out
+
+
+def resolve_args(resume: Path | None, given: SweepArgs) -> SweepArgs:
+    """The sweep's arguments: those given, else the first run's (from meta.json), else defaults."""
+    if resume is None:
+        return given
+    from questprof import results
+
+    return given.over(SweepArgs.from_meta(results.load(resume)[1].get("args") or {}))
 
 
 def check_shape(shape, backend) -> None:
@@ -50,27 +98,27 @@ def check_shape(shape, backend) -> None:
                           f"are built for {', '.join(map(str, GROUPS))} (--backend numpy runs it)")
 
 
-def check_extras(args: dict, backend) -> None:
+def check_extras(args: SweepArgs, backend) -> None:
     """--bytes, --e2e and --gpus before any work: a clear error instead of a failure later."""
     from questprof.core.config import validate_budget, validate_page_size
 
-    if args["bytes_source"] not in BYTE_SOURCES:
-        raise ConfigError(f"--bytes {args['bytes_source']!r}: expected auto, cupti, ncu or none")
-    if args["bytes_source"] in ("cupti", "ncu") and not backend.is_gpu:
-        raise ConfigError(f"--bytes {args['bytes_source']} measures GPU kernels: this run uses "
+    if args.bytes_source not in BYTE_SOURCES:
+        raise ConfigError(f"--bytes {args.bytes_source!r}: expected auto, cupti, ncu or none")
+    if args.bytes_source in ("cupti", "ncu") and not backend.is_gpu:
+        raise ConfigError(f"--bytes {args.bytes_source} measures GPU kernels: this run uses "
                           f"the {backend.name} backend ({console.INSTALL_GPU} on a GPU machine)")
-    validate_page_size(args["e2e_page_size"])
-    validate_budget(args["e2e_budget"], args["e2e_page_size"])
-    if args["gpus"] < 1:
-        raise ConfigError(f"--gpus {args['gpus']} must be at least 1")
-    if args["gpus"] > 1:
+    validate_page_size(args.e2e_page_size)
+    validate_budget(args.e2e_budget, args.e2e_page_size)
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus {args.gpus} must be at least 1")
+    if args.gpus > 1:
         if not backend.is_gpu:
-            raise ConfigError(f"--gpus {args['gpus']} needs the cupy backend and GPUs")
+            raise ConfigError(f"--gpus {args.gpus} needs the cupy backend and GPUs")
         import cupy
 
         have = cupy.cuda.runtime.getDeviceCount()
-        if args["gpus"] > have:
-            raise ConfigError(f"--gpus {args['gpus']}: this host has {have} GPU(s)")
+        if args.gpus > have:
+            raise ConfigError(f"--gpus {args.gpus}: this host has {have} GPU(s)")
 
 
 def byte_source(asked: str, backend) -> tuple[str | None, dict]:
@@ -102,29 +150,29 @@ def _torch_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def announce(scenario, configs, backend, args: dict) -> None:
+def announce(scenario, configs, backend, args: SweepArgs) -> None:
     """Say what is about to run and about how long it will take (a default grid is large)."""
     minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']})", highlight=False)
+                      f"(bytes: {args.bytes_source}, e2e: {args.e2e_on})", highlight=False)
 
 
-def _options(args: dict, backend, source):
+def _options(args: SweepArgs, backend, source):
     from questprof.commands.sweep import Options
 
     repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
-    peers = args["peers"] if args["peers"] is not None else (backend.is_gpu and _torch_gpu())
+    peers = args.peers if args.peers is not None else (backend.is_gpu and _torch_gpu())
     ncu = None
     if source == "ncu":
         from questprof.commands.bytes import ncu_bytes as ncu
-    return Options(repeats=args["repeats"] or repeats,
-                   warmup=warmup if args["warmup"] is None else args["warmup"],
-                   graph=bool(args["graph"]), layers=args["layers"],
+    return Options(repeats=args.repeats or repeats,
+                   warmup=warmup if args.warmup is None else args.warmup,
+                   graph=bool(args.graph), layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers, ncu=ncu)
 
 
-def _grid(scenario, configs, backend, target: Path, args: dict, resume: bool, argv,
+def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
           source, status) -> None:
     """run_sweep with progress, then the summary table."""
     from questprof import results
@@ -139,8 +187,7 @@ def _grid(scenario, configs, backend, target: Path, args: dict, resume: bool, ar
                                 f"S={row['page_size']}")
         run_sweep(scenario, configs, backend, target, opts, resume=resume, progress=step,
                   command=" ".join(["questprof", *argv]),
-                  meta_extra={"args": {k: str(v) if isinstance(v, Path) else v
-                                       for k, v in args.items()}, "bytes": status})
+                  meta_extra={"args": args.as_dict(), "bytes": status})
     df, _ = results.load(target)
     table, fixed = console.fold(summary_table(df), ("batch", "page_size", "budget", "mode"))
     console.out.print(console.table(table, f"{scenario.name} ({fixed}): median ms per layer, "
@@ -156,50 +203,51 @@ def _done_extras(target: Path) -> set[str]:
                                                                   "fidelity"}
 
 
-def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
+def _extras(scenario, configs, backend, target: Path, args: SweepArgs) -> None:
     """The context-parallel, end-to-end and fidelity measurements asked for (and not done)."""
     import pandas as pd
 
     done = _done_extras(target)
-    if args["gpus"] > 1 and "context-parallel" not in done:
+    if args.gpus > 1 and "context-parallel" not in done:
         from questprof.commands.context_parallel import run_context_parallel
 
-        rows = run_context_parallel(scenario, configs, target, args["gpus"])
+        rows = run_context_parallel(scenario, configs, target, args.gpus)
         df = pd.DataFrame(rows)[["length", "batch", "page_size", "budget", "phase", "median_ms"]]
-        console.out.print(console.table(df, f"context-parallel Quest on {args['gpus']} GPUs"))
-    if args["e2e_on"] and "e2e" not in done:
+        console.out.print(console.table(df, f"context-parallel Quest on {args.gpus} GPUs"))
+    if args.e2e_on and "e2e" not in done:
         from questprof.commands.e2e import E2E_LENGTHS, run_e2e
 
         grid = sorted({c.length for c in configs})
         lengths = ([n for n in E2E_LENGTHS if grid[0] <= n <= grid[-1]] or grid) \
-            if args["e2e"] is None else grid
-        rows = run_e2e(scenario, configs, backend, target, args["e2e_page_size"],
-                       args["e2e_budget"], lengths)
+            if args.e2e is None else grid
+        rows = run_e2e(scenario, configs, backend, target, args.e2e_page_size,
+                       args.e2e_budget, lengths)
         cols = ["length", "step_ms_dense", "step_ms_quest", "attention_fraction",
                 "amdahl_predicted", "measured_speedup", "predicted_4bit", "status"]
         df = pd.DataFrame(rows)
         df = df[[c for c in cols if c in df]]
         console.out.print(console.table(df, "end-to-end decode step (all layers)"))
-    if args["fidelity"] and "fidelity" not in done:
+    if args.fidelity and "fidelity" not in done:
         from questprof.commands.fidelity import fidelity_rows_for_sweep
 
         fidelity_rows_for_sweep(scenario, configs, backend, target)
 
 
-def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) -> Path:
+def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
     from questprof.backends import get_backend
 
     args = resolve_args(resume, given)
-    scenario, configs = configs_from_args(args)
-    backend = get_backend(args["backend"])
+    scenario, configs = configs_from_args(args.as_dict())
+    backend = get_backend(args.backend)
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
-    args["e2e_on"] = (backend.is_gpu and _torch_gpu()) if args["e2e"] is None else args["e2e"]
+    args = replace(args, e2e_on=(backend.is_gpu and _torch_gpu()) if args.e2e is None
+                   else args.e2e)
     check_shape(scenario.model, backend)
     check_extras(args, backend)
-    source, status = byte_source(args["bytes_source"], backend)
+    source, status = byte_source(args.bytes_source, backend)
     console.banner(backend)
-    if status["reason"] and args["bytes_source"] == "auto" and backend.is_gpu:
+    if status["reason"] and args.bytes_source == "auto" and backend.is_gpu:
         console.warn(f"DRAM bytes not measured: {status['reason']}")
     announce(scenario, configs, backend, args)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -12,6 +12,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable
 
 from questprof import ROOT
@@ -125,23 +126,40 @@ def machine_info() -> dict:
     return info
 
 
-def git_commit() -> str | None:
-    """HEAD of the questprof checkout, '+dirty' when tracked files changed; None outside git.
-    QUESTPROF_GIT_COMMIT overrides it where the tree was copied without its history (a copy
-    sent to a remote GPU carries the .git of another commit)."""
+def git_fields(root: Path = ROOT) -> dict[str, str | None]:
+    """meta.json's {git_commit, git_commit_reason} of the project at `root` (the directory that
+    holds pyproject.toml and the questprof package): its checkout's HEAD, '+dirty' when tracked
+    files changed, or None and why. Only a checkout whose top is `root` counts: a copy of the
+    tree inside another repository once recorded that repository's commit.
+    QUESTPROF_GIT_COMMIT names the commit where the tree was copied without its history."""
     if os.environ.get("QUESTPROF_GIT_COMMIT"):
-        return os.environ["QUESTPROF_GIT_COMMIT"]
+        return {"git_commit": os.environ["QUESTPROF_GIT_COMMIT"], "git_commit_reason": None}
 
     def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              timeout=10, check=True)
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
+                              timeout=10)
+        if done.returncode != 0:
+            raise Missing(done.stderr.strip() or f"git {args[0]}: exit {done.returncode}")
         return done.stdout.strip()
 
-    sha, _ = _probe(lambda: git("rev-parse", "HEAD"))
+    top, why = _probe(lambda: git("rev-parse", "--show-toplevel"))
+    if not top:
+        return {"git_commit": None,
+                "git_commit_reason": f"the project at {root} is not in a git checkout ({why})"}
+    if Path(top).resolve() != Path(root).resolve():
+        return {"git_commit": None,
+                "git_commit_reason": f"the project at {root} is not the top of a git checkout "
+                                     f"(outer repository {top})"}
+    sha, why = _probe(lambda: git("rev-parse", "HEAD"))
     if not sha:
-        return None
+        return {"git_commit": None, "git_commit_reason": f"no commit at {root} ({why})"}
     dirty, _ = _probe(lambda: git("status", "--porcelain", "--untracked-files=no"))
-    return f"{sha}+dirty" if dirty else sha
+    return {"git_commit": f"{sha}+dirty" if dirty else sha, "git_commit_reason": None}
+
+
+def git_commit() -> str | None:
+    """git_fields()'s commit alone: the project's HEAD ('+dirty'), or None."""
+    return git_fields()["git_commit"]
 
 
 def _doctor_gpu() -> str:

@@ -60,21 +60,16 @@ def _sync_loop(fn, repeats: int) -> None:
     cupy.cuda.Device().synchronize()
 
 
-def gpm_bytes(fn, repeats: int, full_scale_gbs: float) -> float:
-    """Bytes (read + write) GPM saw over `repeats` calls of fn, at a calibrated full scale."""
-    from questprof.measure import nvml
-
-    return nvml.gpm_window(lambda: _sync_loop(fn, repeats)).bytes(full_scale_gbs)
-
-
 def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=None,
-                full_scale: float | None = None, protocol: str = "rotate",
-                pass_ms: float | None = None, seconds: float | None = None, idle=None):
-    """(read, write) DRAM bytes of one call of launch(layer), layers 0..calls-1 (write None for
-    GPM). pass_ms: the time of one pass when known (skips a timing run); idle: a CUPTI
-    IdleRate to subtract instead of an idle window per measurement."""
+                protocol: str = "rotate", pass_ms: float | None = None,
+                seconds: float | None = None, idle=None):
+    """(read, write) DRAM bytes of one call of launch(layer), layers 0..calls-1, through CUPTI
+    (GPM: gpm_stage_bytes). pass_ms: the time of one pass when known (skips a timing run);
+    idle: a CUPTI IdleRate to subtract instead of an idle window per measurement."""
     from questprof.measure import cupti
 
+    if source != "cupti":
+        raise ValueError(f"stage_bytes measures through CUPTI, not {source!r}")
     seconds = seconds or TARGET_SECONDS.get(source, 0.03)
     if source == "cupti" and protocol == "rotate":
         def rotation():
@@ -86,6 +81,15 @@ def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=
             got = cupti.measure(replay, repeats, seconds, idle)
         return got.read / calls, got.write / calls
 
+    with_stage, without = _flushed(launch, calls, flush)
+    repeats = repeats_for(with_stage, seconds)
+    a = cupti.measure(with_stage, repeats, seconds)
+    b = cupti.measure(without, repeats, seconds)
+    return (a.read - b.read) / calls, (a.write - b.write) / calls
+
+
+def _flushed(launch: Callable[[int], object], calls: int, flush):
+    """(a pass of the stage with a flush after each call, the same flushes without the stage)."""
     def with_stage():
         for layer in range(calls):
             launch(layer)
@@ -95,12 +99,29 @@ def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=
         for _ in range(calls):
             flush()
 
-    repeats = repeats_for(with_stage, seconds)
-    if source == "nvml":
-        cupti.release()
-        total = gpm_bytes(with_stage, repeats, full_scale) - gpm_bytes(without, repeats,
-                                                                        full_scale)
-        return total / (repeats * calls), None
-    a = cupti.measure(with_stage, repeats, seconds)
-    b = cupti.measure(without, repeats, seconds)
-    return (a.read - b.read) / calls, (a.write - b.write) / calls
+    return with_stage, without
+
+
+def gpm_calibration(fn, repeats: int, known_bytes: float, tolerance: float):
+    """nvml.GpmCalibration from two GPM windows over `repeats` calls of fn, each moving
+    known_bytes in DRAM: the first gives the full scale, the second checks that it holds."""
+    from questprof.measure import nvml
+
+    run = lambda: _sync_loop(fn, repeats)  # noqa: E731
+    first, again = nvml.gpm_window(run), nvml.gpm_window(run)
+    return nvml.calibration(first, again, repeats * known_bytes, tolerance)
+
+
+def gpm_stage_bytes(launch: Callable[[int], object], calls: int, flush, gpm):
+    """nvml.GpmBytes: bytes (read + write) per call of launch(layer) through GPM under the flush
+    protocol, or why they are not a byte count here (nothing runs when the calibration failed)."""
+    from questprof.measure import cupti, nvml
+
+    if gpm.why_not is not None:
+        return nvml.GpmBytes(None, gpm.why_not)
+    with_stage, without = _flushed(launch, calls, flush)
+    repeats = repeats_for(with_stage, TARGET_SECONDS["nvml"])
+    cupti.release()
+    stage = nvml.gpm_window(lambda: _sync_loop(with_stage, repeats))
+    base = nvml.gpm_window(lambda: _sync_loop(without, repeats))
+    return nvml.difference(stage, base, gpm, repeats * calls)

@@ -3,12 +3,14 @@
 Every NVML status becomes NvmlError with NVML's own text (nvmlErrorString through pynvml).
 GPM's DRAM_BW_UTIL is a whole-device percentage whose 100% is not the datasheet: on an H200
 (2026-11-29) it read 86.2% while CUPTI counted 4.54 TB/s, so 100% ~ 5.27 TB/s. It is turned
-into bytes only through a full scale calibrated on a kernel of known bytes (`calibrate_gpm`).
+into bytes only through a full scale calibrated on a kernel of known bytes (`calibration`), and
+only where that calibration holds and a window resolves the bytes (`difference`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass
 
@@ -161,13 +163,74 @@ def gpm_window(run) -> GpmWindow:
         _call(pynvml.nvmlGpmSampleFree, second)
 
 
-def calibrate_gpm(run, known_bytes: float) -> float:
-    """GPM full scale in GB/s: `run()` (synchronising) moves `known_bytes` in DRAM.
+# NVML's GPM documentation asks for its two samples more than 100 ms apart (the counters'
+# internal refresh): a shorter window is not a measurement of that window.
+GPM_MIN_SECONDS = 0.1
+# Least relative uncertainty of one GPM window: the calibration's repeat is one draw, not a
+# bound (on an H200, 2026-11-29, three repeats of the same read came out +15%, +94%, +98%).
+GPM_RESOLUTION = 0.01
 
-    The read kernel of kernels/ceilings.cu moves exactly its buffer (checked against CUPTI
-    to 0.002% on an H200), so it serves without CUPTI too.
-    """
-    window = gpm_window(run)
-    if window.dram_util_pct <= 0:
-        raise NvmlError("GPM read 0% DRAM utilisation over the calibration kernel")
-    return known_bytes / (window.dram_util_pct / 100 * window.seconds) / 1e9
+
+def window_why_not(window: GpmWindow) -> str | None:
+    """Why a GPM window cannot be turned into bytes, or None."""
+    pct, ms = window.dram_util_pct, window.seconds * 1e3
+    if not math.isfinite(pct) or pct < 0:
+        return f"GPM read {pct}% DRAM utilisation"
+    if window.seconds < GPM_MIN_SECONDS:
+        return f"a {ms:.0f} ms window: GPM needs >= {GPM_MIN_SECONDS * 1e3:.0f} ms between samples"
+    return None
+
+
+@dataclass(frozen=True)
+class GpmCalibration:
+    """GPM's full scale from a read of known bytes, and a second window over the same read."""
+
+    full_scale_gbs: float  # GB/s at 100%; nan when the calibration gave none
+    repeat_ratio: float  # the second window's bytes / the known bytes; nan without a full scale
+    why_not: str | None  # why no GPM figure is a byte count here; None when the calibration holds
+
+
+@dataclass(frozen=True)
+class GpmBytes:
+    """Bytes (read + write) per call GPM saw, or None and why that is not a byte count here."""
+
+    bytes: float | None
+    why_not: str | None = None
+
+
+def calibration(first: GpmWindow, again: GpmWindow, known_bytes: float,
+                tolerance: float) -> GpmCalibration:
+    """Full scale from `first` (a run moving known_bytes in DRAM); it holds when `again`, the
+    same run, reads back within `tolerance` of known_bytes. The read kernel of
+    kernels/ceilings.cu moves exactly its buffer (checked against CUPTI to 0.002% on an H200)."""
+    why = window_why_not(first) or window_why_not(again)
+    if why is None and first.dram_util_pct == 0:
+        why = "GPM read 0% DRAM utilisation"
+    if why is not None:
+        return GpmCalibration(math.nan, math.nan, f"calibration read: {why}")
+    full = known_bytes / (first.dram_util_pct / 100 * first.seconds) / 1e9
+    ratio = again.bytes(full) / known_bytes
+    if abs(ratio - 1) > tolerance:
+        why = (f"a repeat of its calibration read measured {ratio - 1:+.1%} of the known bytes, "
+               f"beyond {tolerance:.0%}")
+    return GpmCalibration(full, ratio, why)
+
+
+def difference(stage: GpmWindow, base: GpmWindow, gpm: GpmCalibration, calls: int) -> GpmBytes:
+    """Bytes per call of what `stage`'s window ran beyond `base`'s (the same loop without the
+    stage), over `calls` calls: a byte count only where the calibration holds, both windows are
+    long enough and the difference stands above both windows' uncertainty."""
+    why = gpm.why_not or window_why_not(stage) or window_why_not(base)
+    if why is not None:
+        return GpmBytes(None, why)
+    with_stage, without = stage.bytes(gpm.full_scale_gbs), base.bytes(gpm.full_scale_gbs)
+    moved = with_stage - without
+    if moved < 0:
+        return GpmBytes(None, f"the loop with the stage measured {-moved:,.0f} B less than "
+                              "the same loop without it")
+    spread = max(abs(gpm.repeat_ratio - 1), GPM_RESOLUTION)
+    resolution = spread * (with_stage + without)
+    if moved < resolution:
+        return GpmBytes(None, f"{moved:,.0f} B over the window, under GPM's resolution there "
+                              f"({spread:.1%} of the two windows: {resolution:,.0f} B)")
+    return GpmBytes(moved / calls)
