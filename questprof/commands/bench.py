@@ -200,11 +200,11 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
 
 
 def _meta(command: str, ceilings: dict, goal_list: list[dict]) -> dict:
-    from questprof.core.machine import git_commit, machine_info
+    from questprof.core.machine import git_fields, machine_info
     from questprof.results import now
 
     return {"scenario": "bench", "command": command, "started": now(), "finished": None,
-            "git_commit": git_commit(), "machine": machine_info(), "backend": "cupy",
+            **git_fields(), "machine": machine_info(), "backend": "cupy",
             "ceilings": ceilings, "goals": goal_list}
 
 

@@ -91,9 +91,9 @@ def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
 
 
 def _meta(request, backend, command: str, min_recall: float) -> dict:
-    from questprof.core.machine import git_commit, machine_info
+    from questprof.core.machine import git_fields, machine_info
     return {"scenario": f"fidelity-{request.source}", "command": command, "started": now(),
-            "git_commit": git_commit(), "machine": machine_info(), "backend": backend.name,
+            **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
             "fidelity": {"source": request.source, "model": request.model,
                          "lengths": list(request.lengths), "steps": request.steps,
