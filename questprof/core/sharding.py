@@ -16,7 +16,7 @@ The cheap variant skips phases 1-2: each rank keeps its own K/N best pages (`loc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -60,9 +60,10 @@ def local_kv(kv: PagedKV, shard: Shard) -> PagedKV:
     last = np.where(shard.hi == full, kv.last_page_len, kv.page_size).astype(np.int32)
     lengths = tuple(int(n) for n in np.maximum((counts - 1) * kv.page_size + last, 0))
     take = _xp(kv.k).asarray(ids)
-    return PagedKV(kv.k[take], kv.v[take], kv.summary[take],
-                   np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
-                   np.arange(len(ids), dtype=np.int32), last, lengths, kv.page_size, kv.dtype)
+    return replace(kv, k=kv.k[take], v=kv.v[take], summary=kv.summary[take],
+                   kv_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
+                   kv_indices=np.arange(len(ids), dtype=np.int32), last_page_len=last,
+                   lengths=lengths)
 
 
 def tables_only(kv: PagedKV) -> PagedKV:
