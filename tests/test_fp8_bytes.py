@@ -140,3 +140,14 @@ def test_bad_cache_options_are_one_line(tmp_path, args, words):
     assert result.exit_code == 2 and "Traceback" not in result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("shape, words", [
+    (FP8_FP8, "over an FP8 KV cache are not built yet"),
+    (ModelShape("m", 2, 4, 1, 64, "fp16", tp=8), "one GPU of tp 8 are not built yet"),
+])
+def test_e2e_rows_say_why_they_are_skipped(shape, words):
+    from questprof.commands.e2e import measure_e2e
+
+    rows = measure_e2e(shape, [2048, 4096], 16, 512, 1, NumpyBackend())
+    assert [r["status"] for r in rows] == ["skipped"] * 2 and words in rows[0]["reason"]

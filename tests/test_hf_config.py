@@ -41,7 +41,7 @@ def write(tmp_path, **changes) -> Path:
 
 
 def test_sweep_on_a_config_json_runs_on_the_cpu(tmp_path):
-    result = run("sweep", "--scenario", TINY / "config.json", "--lengths", "2k", "--batch", "1",
+    result = run("sweep", "--scenario", TINY / "config.json", "--lengths", "2k",
                  "--backend", "numpy", "--out", tmp_path / "run")
     assert result.exit_code == 0, result.output
     assert "a config.json holds no grid" in result.stderr and "LlamaForCausalLM" in result.stderr
