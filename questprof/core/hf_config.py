@@ -69,7 +69,7 @@ def _arch(data: dict) -> str:
     return archs[0] if isinstance(archs, list) and archs else str(data.get("model_type", "model"))
 
 
-def _refuse_unsupported(data: dict, where: str, q_heads: int, layers: int) -> None:
+def _refuse_unsupported(data: dict, where: str, q_heads: int) -> None:
     """One line for attention questprof does not model, naming the nearest shape it runs."""
     rank = data.get("kv_lora_rank")
     if rank:
@@ -141,7 +141,7 @@ def shape_fields(path: Path, dtype: str | None = None) -> tuple[dict, str]:
     data = read_config(path)
     layers = _int(data, _ALIASES["layers"], where)
     q_heads = _int(data, _ALIASES["q_heads"], where)
-    _refuse_unsupported(data, where, q_heads, layers)
+    _refuse_unsupported(data, where, q_heads)
     fields = {"name": path.resolve().parent.name or "model", "layers": layers, "q_heads": q_heads,
               "kv_heads": _kv_heads(data, q_heads, where),
               "head_dim": _head_dim(data, q_heads, where), "dtype": _dtype(data, where, dtype),

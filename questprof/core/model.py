@@ -165,7 +165,8 @@ def _summary(cfg) -> StageWork:
     """Decode append of one token per request: read its key (and the old min/max unless the
     token opens a fresh page), write the page's min/max; 2d comparisons per KV head. fp16
     summaries of an FP8 cache read k_scale to dequantize; FP8 ones compare codes."""
-    m, b, vec, svec = cfg.model, cfg.batch, vector_bytes(cfg.model), summary_vector_bytes(cfg.model)
+    m, b = cfg.model, cfg.batch
+    vec, svec = vector_bytes(m), summary_vector_bytes(m)
     fresh = last_page_len(cfg.length, cfg.page_size) == 1
     read = b * m.kv_heads * (vec + (0 if fresh else 2 * svec))
     plan = b * 3 * INDEX_BYTES  # AppendPlan: page id, first, end per request
