@@ -16,7 +16,8 @@ FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
 # meta.json's 'args' keys, in order, as the committed examples hold them (before SweepArgs)
 META_KEYS = ["scenario", "lengths", "batch", "page_size", "budget", "mode", "backend", "layers",
              "repeats", "warmup", "graph", "bytes_source", "peers", "e2e", "e2e_budget",
-             "e2e_page_size", "gpus", "fidelity", "e2e_on"]
+             "e2e_page_size", "gpus", "fidelity", "kv_dtype", "summary_dtype", "kv_scale", "tp",
+             "e2e_on"]
 
 
 def run(*args):
@@ -40,7 +41,7 @@ def test_options_left_out_take_their_defaults_and_are_not_given():
     assert (args.scenario, args.gpus, args.peers, args.lengths, args.graph) == (
         "smoke", 3, False, None, True)
     with pytest.raises(TypeError):  # an option the dataclass does not know is a bug, not ignored
-        SweepArgs.from_options(tp=2)
+        SweepArgs.from_options(tensor_parallel=2)
 
 
 def test_sweep_args_round_trip_through_meta_json(tmp_path):

@@ -51,6 +51,10 @@ class SweepArgs:
     e2e_page_size: int = 16
     gpus: int = 1
     fidelity: bool = False
+    kv_dtype: str | None = None  # None: the scenario's (so for the next three)
+    summary_dtype: str | None = None
+    kv_scale: str | None = None
+    tp: int | None = None
     e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
     # the fields named on the command line: over a resumed run's, only these change
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
