@@ -171,7 +171,11 @@ class FlashInferPeer:
             raise ValueError(f"unknown FlashInfer stage {stage!r}: expected one of {STAGES}")
         if stage != "dense" and self.work.cfg.is_dense_budget:
             raise Unavailable("budget >= length: Quest selects every page (no selection)")
-        return getattr(self, f"_{stage}")()
+        run = getattr(self, f"_{stage}")()
+        # Its plan copies the schedule to the device asynchronously, and the copies of q run on
+        # torch's stream: done before a timing stream (not synchronised with it) reads them.
+        self.torch.cuda.synchronize()
+        return run
 
     def _dev(self, array):
         return self.torch.as_tensor(np.ascontiguousarray(array), device=self.q.device)
