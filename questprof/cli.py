@@ -110,7 +110,7 @@ def sweep(
         "cupti, ncu or none", "auto"))] = None,
     peers: Annotated[Optional[bool], typer.Option("--peers/--no-peers", help=default(
         "Time the peers beside ours: torch SDPA dense, and FlashInfer's dense, top-K, sparse "
-        "attention and Quest step (pip install -e '.[flashinfer]'; skipped rows with the "
+        "attention and Quest step (pip install -e '.\\[flashinfer]'; skipped rows with the "
         "reason without it); speedups are against the fastest dense",
         "torch SDPA alone on a GPU with torch"))] = None,
     e2e: Annotated[Optional[bool], typer.Option("--e2e/--no-e2e", help=default(

@@ -145,6 +145,17 @@ def test_bench_rows_without_flashinfer_are_skipped_with_the_reason(absent):
     assert all(r["reason"] == fi.missing_reason() for r in rows)
 
 
+def test_bench_prints_each_skip_reason_once(absent, monkeypatch):
+    from questprof import console
+
+    said = []
+    monkeypatch.setattr(console, "warn", said.append)
+    cfg = Config(SMALL, 256, 1, 16, 64)
+    rows = [{**_case("dense", 100.0), "read_bytes": 1e6, "unmodelled_bytes": 0, "status": "ok"}]
+    bench._print(rows + bench._flashinfer_rows(cfg, None, None, None, 3, NumpyBackend()), [])
+    assert said == [f"flashinfer {', '.join(fi.STAGES)} skipped: {fi.missing_reason()}"]
+
+
 def test_sweep_rows_without_flashinfer_are_skipped_with_the_reason(tmp_path, absent):
     from questprof.core.scenarios import expand, load_scenario
 

@@ -258,10 +258,13 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
             "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "overlap_gain",
-            "fusion_gain", "vs_flashinfer", "pipeline", "method", "reason"]
+            "fusion_gain", "vs_flashinfer", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))
+    skipped = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
+    for (impl, why), group in skipped.groupby(["impl", "reason"], sort=False):
+        console.warn(f"{impl} {', '.join(group['stage'].unique())} skipped: {why}")
     g = pd.DataFrame(goals(rows, goal_list), columns=["goal", "measured", "target", "met"])
     console.out.print(console.table(g, "goals (scenarios/bench.toml)"))
 
