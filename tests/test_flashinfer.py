@@ -241,3 +241,20 @@ def test_the_flashinfer_bench_file_holds_issue_21s_cases():
     assert [(c.length, c.batch, c.budget, c.page_size) for c in cases] == [
         (32768, 1, 2048, 16), (131072, 1, 4096, 16), (32768, 8, 2048, 16)]
     assert {g["metric"] for g in goals} == {"speedup", "vs_flashinfer", "dense_best"}
+
+
+@pytest.mark.parametrize("peers, on_gpu, want", [(True, True, True), (None, True, False),
+                                                 (False, True, False), (True, False, False)])
+def test_sweep_times_flashinfer_when_peers_are_asked_for_on_a_gpu(absent, monkeypatch, peers,
+                                                                  on_gpu, want):
+    """`sweep --peers` adds FlashInfer's rows (said once when it is missing); the default keeps
+    torch SDPA alone, and the NumPy backend has no device pools to lend it."""
+    from questprof import console
+    from questprof.commands import sweep_job
+
+    said = []
+    monkeypatch.setattr(console, "warn", said.append)
+    backend = types.SimpleNamespace(is_gpu=on_gpu, name="cupy" if on_gpu else "numpy")
+    opts = sweep_job._options(sweep_job.SweepArgs(peers=peers), backend, None)
+    assert opts.flashinfer is want
+    assert said == ([f"FlashInfer's rows are skipped: {fi.missing_reason()}"] if want else [])
