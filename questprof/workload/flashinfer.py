@@ -12,7 +12,9 @@ Every tensor is a torch view of our CuPy memory through DLPack: no copy of the c
   maps the chosen columns through `row_tables` straight to pages of that view.
 - quest: our estimate, its top-K, its decode: Quest as the paper's code runs it. Its top-K
   picks K pages by score alone (ours always keeps the tail page): the same work.
-Each stage's run(layer) only launches work, for measure.timing.time_layers (uses_torch=True).
+The sparse rows' queries are laid out head-major once, before timing (a layout the q
+projection could write), and their outputs stay in that order. Each stage's run(layer) only
+launches work, for measure.timing.time_layers (uses_torch=True).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _import():
     except ImportError as exc:
         if getattr(exc, "name", None) == "flashinfer":
             raise Unavailable(f"flashinfer-python is not installed ({INSTALL})") from None
-        raise Unavailable(f"import flashinfer failed: {type(exc).__name__}: {exc}") from None
+        raise Unavailable(f"import flashinfer failed: {refusal(exc)}") from None
     except Exception as exc:  # a broken install: its own words, on one line
         raise Unavailable(f"import flashinfer failed: {refusal(exc)}") from None
     return flashinfer
