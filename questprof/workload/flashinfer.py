@@ -151,6 +151,8 @@ class FlashInferPeer:
             raise Unavailable(f"the {work.backend.name} backend keeps its pools on the host")
         if not torch.cuda.is_available():
             raise Unavailable("torch sees no CUDA device")
+        if work.cfg.model.is_fp8:  # ours scale each KV head; its decode takes one scale
+            raise Unavailable("FP8 caches with per-KV-head scales: not lent to FlashInfer")
         self.torch, self.work, self.version = torch, work, self.fi.__version__
         from questprof.workload.peers import torch_dtype
 
