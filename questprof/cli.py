@@ -109,8 +109,10 @@ def sweep(
         "DRAM bytes of every stage row: auto (CUPTI where a PM-sampling session configures), "
         "cupti, ncu or none", "auto"))] = None,
     peers: Annotated[Optional[bool], typer.Option("--peers/--no-peers", help=default(
-        "Time torch SDPA dense beside ours; speedups are against the faster",
-        "on a GPU with torch"))] = None,
+        "Time the peers beside ours: torch SDPA dense, and FlashInfer's dense, top-K, sparse "
+        "attention and Quest step (pip install -e '.\\[flashinfer]'; skipped rows with the "
+        "reason without it); speedups are against the fastest dense",
+        "torch SDPA alone on a GPU with torch"))] = None,
     e2e: Annotated[Optional[bool], typer.Option("--e2e/--no-e2e", help=default(
         "Also time whole decode steps of a random-weight decoder shaped like the scenario's "
         "model, dense vs Quest (Amdahl end to end), at 8k, 32k and 128k within the grid",
@@ -138,7 +140,7 @@ def sweep(
 
 @app.command()
 def doctor() -> None:
-    """What this machine can measure: GPU, driver, CuPy, CUPTI, ncu, NVML, torch."""
+    """What this machine can measure: GPU, driver, CuPy, CUPTI, ncu, NVML, torch, FlashInfer."""
     from rich.table import Table
 
     from questprof.core.machine import doctor_rows
@@ -192,7 +194,8 @@ def compare(
 @user_errors
 def bench(
     quick: Annotated[bool, typer.Option(help="Only the cases marked quick")] = False,
-    peers: Annotated[bool, typer.Option(help="Time the torch peers beside ours")] = True,
+    peers: Annotated[bool, typer.Option(help=(
+        "Time the torch and FlashInfer peers beside ours"))] = True,
     graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")] = True,
     repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = 20,
     cases: Annotated[Optional[Path], typer.Option(help=default(

@@ -165,9 +165,9 @@ def test_budget_independent_stages_are_timed_once(tmp_path, monkeypatch):
     calls = []
     real = sweep._measure
 
-    def counted(work, stage, impl, opts):
+    def counted(work, stage, impl, opts, *peer):
         calls.append(stage)
-        return real(work, stage, impl, opts)
+        return real(work, stage, impl, opts, *peer)
 
     monkeypatch.setattr(sweep, "_measure", counted)
     scenario = load_scenario("smoke")

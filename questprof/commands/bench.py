@@ -2,10 +2,12 @@
 in the same run. Cases and goals come from scenarios/bench.toml.
 
 Per case: our stages and the Quest pipeline over the case's Workload (workload.pools), torch SDPA
-dense and a naive torch Quest beside them, each row with its bytes, bandwidth, ratio to the read
-ceiling, and (streaming stages) the time of a plain cold read of its own bytes (`same_read_ms`,
+dense, a naive torch Quest and FlashInfer's dense, top-K, sparse attention and Quest step
+(workload.flashinfer; skipped rows with the reason where it is not installed or refuses the
+shape) beside them, each row with its bytes, bandwidth, ratio to the read ceiling, and
+(streaming stages) the time of a plain cold read of its own bytes (`same_read_ms`,
 measure.ceilings.read_ladder, taken first): the ceiling at the stage's size. Speedups are against
-the fastest dense of the case (`dense_impl` names it).
+the fastest dense of the case, ours, torch SDPA or FlashInfer (`dense_impl` names it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
 from questprof.results import OURS, make_row
+from questprof.workload.flashinfer import IMPL as FLASHINFER
 from questprof.workload.pools import check_cache, is_out_of_memory, release
 
 BENCH_FILE = SCENARIOS_DIR / "bench.toml"
@@ -86,6 +89,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     if with_peers:
         rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
                       layers, backend) for s, impl in PEERS]
+        rows += _flashinfer_rows(cfg, work, time, ceiling, layers, backend)
     del work
     release(backend)
     if read_ms is not None:
@@ -98,12 +102,37 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     return rows
 
 
+def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
+    """FlashInfer's rows of a case (workload.flashinfer.STAGES): timed, or skipped with the
+    reason, one line: not installed, or a shape it refuses in its own words."""
+    from questprof.workload import flashinfer as fi
+
+    def skipped(stage: str, exc: BaseException) -> dict:
+        return make_row(cfg, stage, scenario="bench", backend=backend.name, impl=fi.IMPL,
+                        layers=layers, status="skipped", reason=fi.refusal(exc))
+    try:
+        peer = fi.FlashInferPeer(work)
+    except Exception as exc:  # not installed, no torch device: every row says why
+        return [skipped(s, exc) for s in fi.STAGES]
+    rows = []
+    for stage in fi.STAGES:
+        try:
+            timing = time(peer.launcher(stage), True)
+        except Exception as exc:  # a shape FlashInfer refuses (group 7, head dim 96, ...)
+            rows.append(skipped(stage, exc))
+            continue
+        rows.append({**_row(cfg, stage, fi.IMPL, timing, work.work(stage), ceiling, layers,
+                            backend), "pipeline": peer.pipeline(stage)})
+    return rows
+
+
 def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
     our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
     over the pipeline's time: what running them as one step saves) and, beside a row of the
     other form of our step, `fusion_gain` (3-kernel time / fused time: what fusing estimate and
-    top-K into estimate_topk saves, < 1 when it costs)."""
+    top-K into estimate_topk saves, < 1 when it costs) and, beside FlashInfer's Quest step,
+    `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
              and r["stage"] in model.QUEST_STAGES and r.get("median_ms")}
@@ -121,6 +150,10 @@ def add_speedups(rows: list[dict]) -> None:
         if r.get("impl") == OURS and other:
             fused, three = ((other[0], r) if other[0]["impl"] == FUSED else (r, other[0]))
             r["fusion_gain"] = three["median_ms"] / fused["median_ms"]
+        peer = [u for u in rows if u["stage"] == "quest" and u.get("impl") == FLASHINFER
+                and u.get("median_ms")]
+        if r.get("impl") == OURS and peer:
+            r["vs_flashinfer"] = peer[0]["median_ms"] / r["median_ms"]
 
 
 def _matches(row: dict, case: dict) -> bool:
@@ -138,6 +171,13 @@ def _metric(rows: list[dict], goal: dict) -> float | None:
     if metric == "dense_sdpa":
         ours, sdpa = get("dense"), get("dense", "torch-sdpa")
         return ours["median_ms"] / sdpa["median_ms"] if ours and sdpa else None
+    if metric == "dense_best":  # our dense / the fastest dense of the case (ours included)
+        ours, best = get("dense"), [r["median_ms"] for r in at if r["stage"] == "dense"
+                                    and r.get("median_ms")]
+        return ours["median_ms"] / min(best) if ours else None
+    if metric == "vs_flashinfer":
+        quest = get("quest")
+        return quest.get("vs_flashinfer") if quest else None
     row = get(goal["stage"])
     if row is None:
         return None
@@ -218,10 +258,13 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
             "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "overlap_gain",
-            "fusion_gain", "pipeline", "method"]
+            "fusion_gain", "vs_flashinfer", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))
+    skipped = df[df["status"] != "ok"] if "status" in df else df.iloc[0:0]
+    for (impl, why), group in skipped.groupby(["impl", "reason"], sort=False):
+        console.warn(f"{impl} {', '.join(group['stage'].unique())} skipped: {why}")
     g = pd.DataFrame(goals(rows, goal_list), columns=["goal", "measured", "target", "met"])
     console.out.print(console.table(g, "goals (scenarios/bench.toml)"))
 
@@ -249,6 +292,11 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     if peers and not _torch_gpu():
         console.warn("torch with CUDA is not importable here: the torch peers are not timed")
         peers = False
+    if peers:
+        from questprof.workload.flashinfer import missing_reason
+
+        if (why := missing_reason()) is not None:
+            console.warn(f"FlashInfer's rows are skipped: {why}")
     target = Path(out_dir or Path("reports") / f"bench-{datetime.now():%Y%m%d-%H%M%S}")
     writer = None
 

@@ -4,7 +4,9 @@ Each configuration gets a cold-cache Workload (workload.pools): on a GPU enough 
 that a pass of its smallest timed stage reads >= 8x the L2, within half the free memory; on the
 NumPy backend one. Each stage is timed over a pass of all layers (measure.timing), the Quest step
 (estimate -> top-K -> sparse attention) as one pass of its own; on a GPU with torch, torch SDPA
-dense beside ours; then, when a byte source runs, the DRAM bytes of each stage (measure.dram).
+dense beside ours, and with `--peers` FlashInfer's dense, top-K, sparse attention and Quest step
+(workload.flashinfer; skipped rows with the reason where it cannot run); then, when a byte
+source runs, the DRAM bytes of each of our stages (measure.dram).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from questprof.workload.pools import (Workload, fit_need, is_out_of_memory, l2_b
 
 DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
 SDPA = "torch-sdpa"
+FLASHINFER = "flashinfer"  # workload.flashinfer.IMPL
 # Stages whose work does not depend on these fields: timed once per run and shared by the
 # configurations that differ only there (a 4-budget grid times dense once, not 4 times).
 SHARED_OVER = {"summary": ("budget", "mode"), "dense": ("budget", "mode"), "estimate": ("budget",)}
@@ -38,17 +41,24 @@ class Options:
     layers: int | None = None
     bytes_source: str | None = None  # "cupti", "ncu" or None
     peers: bool = False  # torch SDPA dense beside ours (GPU with torch)
+    flashinfer: bool = False  # FlashInfer's rows beside ours (workload.flashinfer.STAGES)
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
     idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
 
 
-def row_keys(cfg, peers: bool) -> list[tuple[str, str]]:
-    """(stage, impl) of every row of one configuration, in order."""
-    keys = [(s, OURS) for s in ROW_STAGES]
-    if peers:
-        keys.insert(keys.index(("dense", OURS)) + 1, ("dense", SDPA))
+def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
+    """(stage, impl) of every row of one configuration, in order: each peer after ours."""
+    from questprof.workload.flashinfer import STAGES as FLASHINFER_STAGES
+
+    keys = []
+    for stage in ROW_STAGES:
+        keys.append((stage, OURS))
+        if peers and stage == "dense":
+            keys.append((stage, SDPA))
+        if flashinfer and stage in FLASHINFER_STAGES:
+            keys.append((stage, FLASHINFER))
     return keys
 
 
@@ -85,15 +95,40 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
     return {"measured_read_bytes": read, "measured_write_bytes": write, "bytes_source": "cupti"}
 
 
-def _measure(work: Workload, stage: str, impl: str, opts: Options) -> tuple[dict, dict]:
+def _launcher(work: Workload, stage: str, impl: str, flashinfer: dict):
+    """launch(layer) of (stage, impl); FlashInfer's peer is built at the first of its rows of a
+    workload and kept in `flashinfer` (cleared before the pools are released)."""
+    if impl != FLASHINFER:
+        return work.launcher(impl if impl != OURS else stage)
+    if "peer" not in flashinfer:
+        from questprof.workload.flashinfer import FlashInferPeer
+
+        flashinfer["peer"] = FlashInferPeer(work)
+    return flashinfer["peer"].launcher(stage)
+
+
+def _skip_reason(stage: str, impl: str, exc: Exception) -> str | None:
+    """Why a (stage, impl) that raised becomes a skipped row, or None to let it raise: out of
+    memory, or anything FlashInfer raised (not installed, a shape it refuses: its words)."""
+    if impl == FLASHINFER:
+        from questprof.workload.flashinfer import refusal
+
+        return refusal(exc)
+    if is_out_of_memory(exc):
+        return f"out of memory timing {stage}: {type(exc).__name__}"
+    return None
+
+
+def _measure(work: Workload, stage: str, impl: str, opts: Options,
+             flashinfer: dict) -> tuple[dict, dict]:
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
     from questprof.measure.timing import time_layers
 
-    launch = work.launcher(impl if impl != OURS else stage)
+    launch = _launcher(work, stage, impl, flashinfer)
     t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
                     uses_torch=impl != OURS)
     timing = {**t.summary(), "note": t.note}
-    got = {}
+    got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
         got = _bytes(work, stage, opts, t.median)
     return timing, got
@@ -163,7 +198,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         return
     row = lambda s, i, **kw: make_row(cfg, s, scenario=scenario, backend=backend.name,  # noqa: E731
                                       impl=i, layers=layers, union=work.union, **kw)
-    parts = {}
+    parts, flashinfer = {}, {}
     for stage, impl in keys:
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
@@ -171,13 +206,13 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         runs = "dense" if dense_budget and stage == "quest" else stage
         key = shared_key(cfg, runs, impl)
         try:
-            timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts)
+            timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts, flashinfer)
         except Exception as exc:
-            if not is_out_of_memory(exc):
+            why = _skip_reason(stage, impl, exc)
+            if why is None:
                 raise
             release(backend)
-            yield row(stage, impl, status="skipped",
-                      reason=f"out of memory timing {stage}: {type(exc).__name__}")
+            yield row(stage, impl, status="skipped", reason=why)
             continue
         if key is not None:
             opts.shared[key] = (timing, got)
@@ -185,9 +220,10 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         got = {**got, **ncu.get((runs, impl), {})}
         if impl == OURS:
             parts[runs] = got
-        if runs == "quest":
-            got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
+            if runs == "quest":
+                got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
         yield row(stage, impl, timing=timing, work=work.work(runs), reason=reason, **got)
+    flashinfer.clear()  # its torch views hold the pools' memory
     del work
     release(backend)
 
@@ -215,8 +251,8 @@ def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None
     """meta.json of a run (notes/CONTRACTS.md)."""
     from questprof.core.machine import git_fields, machine_info
 
-    timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers")} \
-        if opts else {}
+    timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers",
+                                            "flashinfer")} if opts else {}
     return {"scenario": scenario.name, "scenario_path": str(scenario.path),
             "command": command or " ".join(sys.argv), "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": backend.name,
@@ -253,9 +289,9 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     meta.update(meta_extra or {})
     if resume:
         meta = _resumed_meta(out_dir, meta)
-    plan = [(cfg, [k for k in row_keys(cfg, opts.peers) if (cfg.key(), *k) not in done])
-            for cfg in configs]
-    total = sum(len(row_keys(c, opts.peers)) for c in configs)
+    plan = [(cfg, [k for k in row_keys(cfg, opts.peers, opts.flashinfer)
+                   if (cfg.key(), *k) not in done]) for cfg in configs]
+    total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     count = total - sum(len(keys) for _, keys in plan)
     written, start = [], time.perf_counter()
     with ResultsWriter(out_dir, meta) as writer:

@@ -45,7 +45,7 @@ class SweepArgs:
     warmup: int | None = None  # None: TIMING_DEFAULTS of the backend
     graph: bool = True
     bytes_source: str = "auto"  # one of BYTE_SOURCES
-    peers: bool | None = None  # None: on a GPU with torch
+    peers: bool | None = None  # None: torch SDPA on a GPU with torch; True: and FlashInfer
     e2e: bool | None = None  # None: on a GPU with torch, at e2e.E2E_LENGTHS within the grid
     e2e_budget: int = 2048
     e2e_page_size: int = 16
@@ -170,13 +170,20 @@ def _options(args: SweepArgs, backend, source):
 
     repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
     peers = args.peers if args.peers is not None else (backend.is_gpu and _torch_gpu())
+    flashinfer = args.peers is True and backend.is_gpu  # asked for: --peers, not the default
+    if flashinfer:
+        from questprof.workload.flashinfer import missing_reason
+
+        if (why := missing_reason()) is not None:
+            console.warn(f"FlashInfer's rows are skipped: {why}")
     ncu = None
     if source == "ncu":
         from questprof.commands.bytes import ncu_bytes as ncu
     return Options(repeats=args.repeats or repeats,
                    warmup=warmup if args.warmup is None else args.warmup,
                    graph=bool(args.graph), layers=args.layers,
-                   bytes_source=source if source == "cupti" else None, peers=peers, ncu=ncu)
+                   bytes_source=source if source == "cupti" else None, peers=peers,
+                   flashinfer=flashinfer, ncu=ncu)
 
 
 def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
@@ -187,7 +194,7 @@ def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: boo
     from questprof.report.frames import summary_table
 
     opts = _options(args, backend, source)
-    total = sum(len(row_keys(c, opts.peers)) for c in configs)
+    total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     with console.Ticker(scenario.name, total) as ticker:
         def step(row: dict, done: int, _total: int) -> None:
             ticker.update(done, f"{row['stage']:9} L={row['length']} B={row['batch']} "

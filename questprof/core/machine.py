@@ -1,7 +1,8 @@
 """What machine a result came from, and what this machine can measure (`questprof doctor`).
 
 Nothing here raises: every probe returns its value or the reason it is missing. GPU-only
-modules (cupy, pynvml, cupti, torch) are imported inside the probes, never at import time.
+modules (cupy, pynvml, cupti, torch, flashinfer) are imported inside the probes, never at
+import time.
 """
 
 from __future__ import annotations
@@ -218,6 +219,18 @@ def _doctor_torch() -> str:
     return f"torch {torch.__version__}, CUDA {'available' if cuda else 'not available'}"
 
 
+def _doctor_flashinfer() -> str:
+    """The optional FlashInfer peer: its version once it imports (kernels JIT-compile later)."""
+    try:
+        _dist_version("flashinfer-python")
+    except Missing:
+        raise Missing("flashinfer-python not installed (optional peer: "
+                      "pip install -e '.[flashinfer]')") from None
+    import flashinfer
+
+    return f"flashinfer {flashinfer.__version__} (its kernels JIT-compile on first use)"
+
+
 DOCTOR_PROBES: tuple[tuple[str, Callable[[], str]], ...] = (
     ("GPU", _doctor_gpu),
     ("driver", lambda: _nvml_gpu()["driver"]),
@@ -226,6 +239,7 @@ DOCTOR_PROBES: tuple[tuple[str, Callable[[], str]], ...] = (
     ("ncu", _doctor_ncu),
     ("NVML", _doctor_nvml),
     ("torch", _doctor_torch),
+    ("FlashInfer", _doctor_flashinfer),
 )
 
 

@@ -64,9 +64,9 @@ def _stage_ms(ok: pd.DataFrame) -> pd.DataFrame:
 
 
 def _dense_ms(ok: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Fastest dense median ms of each point (ours or a peer such as torch SDPA, measured in the
-    same run), the implementation that gave it and our own dense, keyed by the point columns
-    the dense rows actually carry."""
+    """Fastest dense median ms of each point (ours or a peer, torch SDPA or FlashInfer, measured
+    in the same run), the implementation that gave it and our own dense, keyed by the point
+    columns the dense rows actually carry."""
     dense = ok[ok["stage"] == "dense"]
     keys = [k for k in POINT if dense[k].notna().all()]
     by_impl = dense.groupby(keys + ["impl"])["median_ms"].median().unstack("impl")
@@ -88,9 +88,10 @@ def _ideal_rho(points: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
 def paired(df: pd.DataFrame) -> pd.DataFrame:
     """One row per point: estimate/topk/attention/quest/dense ms, speedup, rho_formula, ideal.
 
-    quest_ms is the 'quest' row (the three stages timed as one pass) when present, else the sum
-    of the three stage medians; dense_ms is the fastest dense of the run (dense_impl names it:
-    ours or torch SDPA); speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
+    quest_ms is our 'quest' row (the three stages timed as one pass) when present, else the sum
+    of our three stage medians (a peer's Quest rows, torch-naive or FlashInfer's, never stand in
+    for ours); dense_ms is the fastest dense of the run (dense_impl names it: ours, torch-sdpa or
+    flashinfer); speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
     """
     ok = measured(df)
     points = _stage_ms(ok[(ok["stage"] != "dense") & (ok["impl"] == OURS)])
