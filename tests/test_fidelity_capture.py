@@ -56,7 +56,7 @@ def test_hooked_q_k_reproduce_the_models_attention(tiny):
             ours = dense_attention(cap.queries[layer, step], cap.keys[layer, :, :n],
                                    cap.values[layer, :, :n], cap.scaling).out
             model = seen[layer][step].reshape(4, 16).double()
-            torch.testing.assert_close(ours, model, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(torch.from_numpy(ours), model, rtol=1e-4, atol=1e-5)
 
 
 def test_quest_over_every_page_answers_like_dense(tiny):

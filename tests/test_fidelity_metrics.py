@@ -5,15 +5,12 @@ import math
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("safetensors")
-
-from questprof.backends import get_backend  # noqa: E402
-from questprof.fidelity.evaluate import FidelityGrid, evaluate  # noqa: E402
-from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics,  # noqa: E402
-                                        page_stats, selection_mask, stale_mask)
-from questprof.fidelity.select import PageIndex  # noqa: E402
-from questprof.fidelity.synthetic import synthetic_capture  # noqa: E402
+from questprof.backends import get_backend
+from questprof.fidelity.evaluate import FidelityGrid, evaluate
+from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
+                                        selection_mask, stale_mask)
+from questprof.fidelity.select import PageIndex
+from questprof.fidelity.synthetic import synthetic_capture
 
 SIZES = (8, 16, 32)
 
@@ -28,7 +25,7 @@ def test_hand_checked_one_head():
     k = np.array([[[0.0], [0.0], [math.log(3.0)], [0.0]]])
     v = np.array([[[1.0], [1.0], [0.0], [0.0]]])
     stats = page_stats(dense_attention(q, k, v, scaling=1.0), page_size=2)
-    mask = torch.tensor([[True, False]])
+    mask = np.array([[True, False]])
     bound = np.array([[5.0, 5.0]])
     got = head_metrics(stats, mask, bound, stale_mask(mask, 2))
     assert got["mass_recall"].item() == pytest.approx(1 / 3)
@@ -112,3 +109,14 @@ def test_page_index_appends_like_a_prefill(length, extra, numpy_backend):
     np.testing.assert_array_equal(grown.kv.summary[:pages], whole.kv.summary[:pages])
     q = rng.standard_normal((4, 64)).astype(np.float32)
     np.testing.assert_array_equal(grown.scores(q, "per-head"), whole.scores(q, "per-head"))
+
+
+def test_one_thread_sets_and_restores_numpy_blas_threads():
+    from questprof.fidelity.threads import _openblas, one_thread
+    blas = _openblas()
+    if blas is None:
+        pytest.skip("NumPy's BLAS here is not OpenBLAS")
+    before = blas[0]()
+    with one_thread():
+        assert blas[0]() == 1
+    assert blas[0]() == before

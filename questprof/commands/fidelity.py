@@ -23,11 +23,23 @@ DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k"}
 DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
-def _needs(*modules: str) -> None:
-    """ConfigError naming the first missing package (pip install -e '.[fidelity]')."""
-    for name in modules:
+# what each source imports beyond `pip install -e .` (synthetic: NumPy only), and the line
+# that installs it; a real model (passkey, natural) runs through torch and transformers
+NEEDS = {"synthetic": (), "cache": ("safetensors",),
+         "passkey": ("torch", "transformers", "safetensors"),
+         "natural": ("torch", "transformers", "safetensors")}
+INSTALL = {"cache": "pip install -e '.[fidelity]'"}
+INSTALL_MODEL = "pip install -e '.[torch,fidelity]'"
+
+
+def _needs(source: str) -> None:
+    """ConfigError naming the first package `source` needs that is not installed, and the
+    install command that brings it."""
+    for name in NEEDS.get(source, ()):
         if importlib.util.find_spec(name) is None:
-            raise ConfigError(f"fidelity needs the package {name!r}: pip install -e '.[fidelity]'")
+            why = " (a real model, Quest in its decode loop)" if name == "torch" else ""
+            raise ConfigError(f"fidelity --source {source} needs {name}{why}: "
+                              f"{INSTALL.get(source, INSTALL_MODEL)}")
 
 
 def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
@@ -60,7 +72,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
     if source == "cache" and not cache_path:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
-    _needs("torch", "safetensors", *(("transformers",) if source in ("passkey", "natural") else ()))
+    _needs(source)
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
     return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps,
                    _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,

@@ -59,15 +59,33 @@ class Capture:
         """Tokens that the query of decode step `step` attends to."""
         return self.length - self.steps + 1 + step
 
-    def check(self) -> "Capture":
-        """Raise ConfigError when the shapes do not fit together."""
+    def check(self, origin: str = "capture") -> "Capture":
+        """Raise ConfigError when the shapes do not fit together or a value is NaN or inf."""
         q, k, v = self.queries.shape, self.keys.shape, self.values.shape
         if len(q) != 4 or len(k) != 4 or k != v:
-            raise ConfigError(f"capture shapes do not fit: queries {q}, keys {k}, values {v}")
+            raise ConfigError(f"{origin} shapes do not fit: queries {q}, keys {k}, values {v}")
         if q[0] != k[0] or q[3] != k[3] or q[2] % k[1] or q[1] > k[2]:
-            raise ConfigError(f"capture shapes do not fit: queries {q} (layers, steps, q_heads, d) "
-                              f"against keys {k} (layers, kv_heads, length, d)")
+            raise ConfigError(f"{origin} shapes do not fit: queries {q} (layers, steps, q_heads, "
+                              f"d) against keys {k} (layers, kv_heads, length, d)")
+        _check_finite(self, origin)
         return self
+
+
+def _check_finite(cap: Capture, origin: str) -> None:
+    """ConfigError naming the first tensor with NaN or inf: softmax weights, Quest's page bounds
+    and every metric are undefined there (a traceback in the report, before this check)."""
+    bad = []
+    for layer in range(cap.layers):
+        for name, x in zip(_layer_names(layer), (cap.queries, cap.keys, cap.values)):
+            count = x[layer].size - int(np.count_nonzero(np.isfinite(x[layer])))
+            if count:
+                bad.append((name, count, x[layer].size))
+    if bad:
+        name, count, size = bad[0]
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        raise ConfigError(f"{origin} {name} holds {count} non-finite values (NaN/inf) of "
+                          f"{size}{more}: an fp16 overflow in the model? Attention is undefined "
+                          f"there; capture in fp32 or bf16, or leave those steps out")
 
 
 def _layer_names(layer: int) -> tuple[str, str, str]:
@@ -132,4 +150,4 @@ def _assemble(arrays, meta: dict, path) -> Capture:
     scaling = float(meta.get("scaling", d ** -0.5))
     info = json.loads(meta.get("info", "{}"))
     return Capture(q, k, v, scaling, meta.get("model", path.stem), meta.get("source", "cache"),
-                   info).check()
+                   info).check(f"{path}: capture")

@@ -102,7 +102,7 @@ class QuestHook:
         q = query[0, :, 0].detach().float().cpu().numpy()
         sel, count = index.select(index.scores(q, self.mode), self.k_pages)
         pages = selection_mask(sel, count, q.shape[0], index.pages)
-        tokens = pages.repeat_interleave(self.page_size, dim=1)[:, : key.shape[2]]
+        tokens = torch.from_numpy(np.repeat(pages, self.page_size, axis=1)[:, : key.shape[2]])
         group = query.shape[1] // key.shape[1]
         k, v = (x.repeat_interleave(group, dim=1) for x in (key, value))
         out = torch.nn.functional.scaled_dot_product_attention(

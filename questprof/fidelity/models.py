@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from questprof.core.config import ConfigError
-from questprof.fidelity.metrics import device
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ROPE_THETA = 100000.0  # SmolLM2's (from its GGUF); a random model's attention is not judged
+
+
+def device():
+    """Where a model runs: the GPU when torch sees one, else the CPU."""
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 @dataclass

@@ -9,7 +9,8 @@ meta is meta.json; beyond the contract it may carry heatmap_length (tokens) for 
 
 Sections: at a glance, crossover, speedup, roofline, bytes, heatmap, end to end, several GPUs,
 machine. Rows with stage 'context-parallel' (sweep --gpus N) carry phase, gpus, median_ms,
-cheap_variant_miss_rate and (since session 3) gpu_read_bytes_max / single_read_bytes.
+cheap_variant_miss_rate and (since commit e6e5504, 2026-11-29) gpu_read_bytes_max /
+single_read_bytes.
 Every figure is a function of df; plotly.js is inlined once, so the file opens offline.
 """
 

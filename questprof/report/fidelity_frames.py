@@ -15,6 +15,7 @@ from questprof.report import frames
 SETTING = ["source", "length", "page_size", "budget", "mode"]
 MEAN_METRICS = ("mass_recall", "oracle_mass", "top10_recall", "page_recall",
                 "output_rel_error", "bound_slack", "stale_mass_recall")
+METRICS = (*MEAN_METRICS, "mass_recall_worst_step", "mass_recall_p10")
 JOIN = ["page_size", "budget", "mode"]
 SOURCE_RANK = ("passkey", "natural", "cache", "random-tokens", "synthetic-drift",
                "synthetic-random")
@@ -25,9 +26,29 @@ def has_fidelity(df: pd.DataFrame) -> bool:
     return "stage" in df and bool((df["stage"] == "fidelity").any())
 
 
+def _as_float(rows: pd.DataFrame) -> pd.DataFrame:
+    """rows with every metric column as float: a column whose values all rounded to None (NaN
+    metrics of a capture with non-finite queries) loads as object dtype, which has no mean or
+    quantile; missing values become NaN, which pandas skips."""
+    present = [m for m in METRICS if m in rows and rows[m].dtype.kind != "f"]
+    if not present:
+        return rows
+    return rows.assign(**{m: pd.to_numeric(rows[m], errors="coerce").astype(float)
+                          for m in present})
+
+
+def _setting_rows(df: pd.DataFrame, where: tuple) -> pd.DataFrame:
+    """Per (layer, head) fidelity rows of one (source, length, page_size, budget, mode)."""
+    source, length, page_size, budget, mode = where
+    return _as_float(df[(df["stage"] == "fidelity") & df["head"].notna()
+                        & (df["source"] == source) & (df["length"] == length)
+                        & (df["page_size"] == page_size) & (df["budget"] == budget)
+                        & (df["mode"] == mode)])
+
+
 def head_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Per (layer, head) fidelity rows of the sparse layers (dense layers are reported apart)."""
-    rows = df[(df["stage"] == "fidelity") & df["head"].notna() & (df["status"] == "ok")]
+    rows = _as_float(df[(df["stage"] == "fidelity") & df["head"].notna() & (df["status"] == "ok")])
     dense = rows["dense_layer"].fillna(False).astype(bool) if "dense_layer" in rows else False
     return rows[~dense] if rows[~dense].size else rows
 
@@ -116,18 +137,13 @@ def recommend(df: pd.DataFrame, min_recall: float) -> dict | None:
 def heat(df: pd.DataFrame, source: str, length: int, page_size: int, budget: int,
          mode: str) -> pd.DataFrame:
     """mass_recall per layer (rows) and head (columns) of one setting, dense layers included."""
-    rows = df[(df["stage"] == "fidelity") & df["head"].notna() & (df["source"] == source)
-              & (df["length"] == length) & (df["page_size"] == page_size)
-              & (df["budget"] == budget) & (df["mode"] == mode)]
+    rows = _setting_rows(df, (source, length, page_size, budget, mode))
     return rows.pivot_table(index="layer", columns="head", values="mass_recall", aggfunc="mean")
 
 
 def per_layer(df: pd.DataFrame, where: tuple) -> pd.DataFrame:
     """Per layer of one setting: mass_recall mean and 10th percentile over heads, dense flag."""
-    source, length, page_size, budget, mode = where
-    rows = df[(df["stage"] == "fidelity") & df["head"].notna() & (df["source"] == source)
-              & (df["length"] == length) & (df["page_size"] == page_size)
-              & (df["budget"] == budget) & (df["mode"] == mode)]
+    rows = _setting_rows(df, where)
     grouped = rows.groupby("layer")["mass_recall"]
     out = pd.DataFrame({"mean": grouped.mean(), "p10": grouped.quantile(0.10)})
     dense = rows.groupby("layer")["dense_layer"].first() if "dense_layer" in rows else False
