@@ -57,6 +57,11 @@ def rho(page_size: int, k: int, pages: int, summary_ratio: float = 1.0) -> float
     return summary_ratio / page_size + min(k, pages) / pages
 
 
+def selector_rho(page_size: int, read: float, pages: int, boxes=1.0, ms=2, m=2) -> float:
+    """boxes x (ms/m)/S + read/P: c boxes per page (0: none), ms/m bytes of summary/key element."""
+    return boxes * ms / m / page_size + read / pages
+
+
 def summary_ratio(shape) -> float:
     """M_s / M: bytes of a summary vector over those of a key vector (2 for fp16 over FP8)."""
     return summary_vector_bytes(shape) / vector_bytes(shape)
