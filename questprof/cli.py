@@ -278,6 +278,10 @@ def fidelity(
         = "64,128,256,512,1024",
     mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
         = "per-head",
+    selector: Annotated[str, typer.Option(help=(
+        "Page selectors, comma-separated, or 'all': quest, quest+sink+window, streaming, h2o, "
+        "tova, oracle, order:position|random, quest-fp8, quest-boxes:c, quest-gap:t, "
+        "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = "quest",
     steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
     depths: Annotated[str, typer.Option(help="Passkey depths (fractions of the filler)")]
         = "0.1,0.5,0.9",

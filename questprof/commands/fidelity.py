@@ -42,7 +42,7 @@ def _needs(source: str) -> None:
                               f"{INSTALL.get(source, INSTALL_MODEL)}")
 
 
-def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
+def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str = "quest"):
     """A checked FidelityGrid from command-line text."""
     from questprof.fidelity.evaluate import FidelityGrid
     sizes = tuple(validate_page_size(s) for s in parse_sizes(page_sizes, "page sizes"))
@@ -56,13 +56,17 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
         raise ConfigError(f"unknown selection mode {bad[0]!r}: expected some of {', '.join(MODES)}")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    return FidelityGrid(sizes, tokens, chosen, dtype)
+    from questprof.core.selectors import check_page_sizes, parse_list
+    picked = parse_list(selectors)
+    check_page_sizes(picked, sizes)
+    return FidelityGrid(sizes, tokens, chosen, dtype, tuple(s.name for s in picked))
 
 
 def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
                  depths: str = "0.1,0.5,0.9", dense_layers: int | None = None,
-                 dtype: str = "auto", task: bool = True, seed: int = 0):
+                 dtype: str = "auto", task: bool = True, seed: int = 0,
+                 selectors: str = "quest"):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
     from questprof.fidelity.runner import SOURCES, Request
     if source not in SOURCES:
@@ -74,8 +78,8 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
                           "questprof fidelity --source cache FILE.safetensors")
     _needs(source)
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
-    return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps,
-                   _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,
+    grid = _grid(page_sizes, budgets, modes, dtype, selectors)
+    return Request(source, grid, tuple(sizes), steps, _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,
                    scenario or "smoke", model_path or "smollm2", str(cache_path or ""))
 
 
@@ -112,6 +116,7 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
                          "depths": list(request.depths), "dense_layers": request.dense_layers,
                          "page_sizes": list(request.grid.page_sizes),
                          "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
+                         "selectors": list(request.grid.selectors),
                          "dtype": request.grid.dtype, "cache": request.cache_path}}
 
 
@@ -199,7 +204,7 @@ def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
     request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
                            args["steps"], args["depths"], args["dense_layers"], args["dtype"],
-                           args["task"], args["seed"])
+                           args["task"], args["seed"], args.get("selector", "quest"))
     check_min_recall(args["min_recall"])
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")

@@ -15,12 +15,14 @@ from questprof.fidelity.threads import one_thread
 
 @dataclass(frozen=True)
 class FidelityGrid:
-    """What to measure: page sizes and budgets in tokens (budgets whole pages), GQA modes."""
+    """What to measure: page sizes and budgets in tokens (budgets whole pages), GQA modes, and
+    the selectors (questprof.core.selectors names; `quest` runs on the backend)."""
 
     page_sizes: tuple[int, ...]
     budgets: tuple[int, ...]
     modes: tuple[str, ...] = ("per-head",)
     dtype: str = "fp32"
+    selectors: tuple[str, ...] = ("quest",)
 
     def settings(self):
         """(page_size, budget, mode) of every combination whose budget is whole pages."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 METRICS = ("mass_recall", "oracle_mass", "top10_recall", "page_recall", "output_rel_error",
-           "bound_slack", "stale_mass_recall")
+           "bound_slack", "stale_mass_recall", "pages_read", "mass_bound")
 TOP_TOKENS = 10  # Quest's recall figure counts the 10 highest-weight tokens
 
 
@@ -116,13 +116,16 @@ def stale_mask(first: np.ndarray, pages: int) -> np.ndarray:
     return mask
 
 
-def head_metrics(stats: PageStats, mask: np.ndarray, bound, stale: np.ndarray) -> dict:
+def head_metrics(stats: PageStats, mask: np.ndarray, bound, stale: np.ndarray,
+                 pages_read=None, mass_bound=None) -> dict:
     """The fidelity metrics per q head [Hq] for selection `mask` [Hq, P] (dict of METRICS).
 
     bound [Hq, P]: the backend's U_p(q) of each head's own query (per-head scores), unscaled
     q.k units like bound_slack, which is the mean over the head's selected pages.
     stale [Hq, P]: the first decode step's selection (see stale_mask); its mass says what
     reusing an earlier query's pages would keep.
+    pages_read [Hq]: pages a head read (default: its selected pages; branch and bound reads
+    to decide); mass_bound [Hq]: a certified bound on the unread mass (NaN when none).
     """
     m = mask.astype(np.float64)
     k = int(mask.sum(axis=1).max())
@@ -139,4 +142,6 @@ def head_metrics(stats: PageStats, mask: np.ndarray, bound, stale: np.ndarray) -
                              / np.linalg.norm(stats.out, axis=1)),
         "bound_slack": (slack * m).sum(axis=1) / m.sum(axis=1),
         "stale_mass_recall": (stats.mass * stale).sum(axis=1),
+        "pages_read": mask.sum(axis=1) if pages_read is None else np.asarray(pages_read, float),
+        "mass_bound": np.full(len(mask), np.nan) if mass_bound is None else mass_bound,
     }

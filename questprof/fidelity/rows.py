@@ -8,10 +8,13 @@ hold the share of prompts answered right with dense and with Quest attention.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from questprof.core.layout import pages_for
 from questprof.fidelity.metrics import METRICS
+from questprof.fidelity.selectors import selector_fields
 
 STAGE = "fidelity"
 TASK_STAGE = "passkey"
@@ -65,11 +68,14 @@ def step_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
 def fidelity_rows(meta: dict, length: int, results: list[dict], dense_layers: int) -> list[dict]:
     """All rows of one length from `evaluate` results of its prompts (one dict per prompt)."""
     rows = []
-    for key in results[0]:
-        page_size, budget, mode = key
-        stacked = np.stack([r[key] for r in results])
-        base = {**base_row(meta, length, page_size, budget, mode), "samples": len(results)}
-        rows += head_rows(base, stacked, dense_layers) + step_rows(base, stacked, dense_layers)
+    with warnings.catch_warnings():  # mass_bound is NaN but for branch and bound: no warning
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for key in results[0]:
+            page_size, budget, mode = key[:3]
+            stacked = np.stack([r[key] for r in results])
+            base = {**base_row(meta, length, page_size, budget, mode), "samples": len(results)}
+            base.update(selector_fields(key, stacked, base["pages"], dense_layers))
+            rows += head_rows(base, stacked, dense_layers) + step_rows(base, stacked, dense_layers)
     return rows
 
 

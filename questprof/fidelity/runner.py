@@ -9,6 +9,7 @@ from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate, one_thread
+from questprof.fidelity.selectors import evaluate_selectors, has_quest
 
 SOURCES = ("synthetic", "passkey", "natural", "cache")
 
@@ -40,7 +41,9 @@ def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -
 def _evaluate(caps, request: Request, backend, scenario: str, length: int, log) -> list[dict]:
     """Rows of one length from its captures (prompts of one length pooled)."""
     started = time.perf_counter()
-    results = [evaluate(cap, backend, request.grid) for cap in caps]
+    quest = has_quest(request.grid)
+    results = [{**(evaluate(cap, backend, request.grid) if quest else {}),
+                **evaluate_selectors(cap, request.grid)} for cap in caps]
     log(f"{caps[0].source} {length} tokens: metrics of {len(caps)} capture(s) in "
         f"{time.perf_counter() - started:.1f} s")
     meta = _meta(caps[0], request, backend, scenario, caps[0].source)

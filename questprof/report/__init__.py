@@ -24,6 +24,7 @@ from questprof.core import model
 from questprof.core.fp8 import E4M3
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes
 from questprof.report import fidelity as fidelity_report
+from questprof.report import selectors as selectors_report
 from questprof.report.frames import PANEL, fmt_tokens, fmt_x
 from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
 
@@ -193,6 +194,7 @@ LEDES = {
 
 def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
     """The HTML body, the title and whether any figure was drawn."""
+    every, df = df, selectors_report.quest_only(df)  # other selectors: their own section
     pairs = frames.paired(df)
     header, title = _header(df, meta)
     have = not pairs.empty
@@ -213,7 +215,7 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
     # a fidelity-only run has no timing rows: its report skips the empty timing sections
     shown = SECTIONS if have or not fidelity else (SECTIONS[0], SECTIONS[-1])
     body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in shown)
-    body += "".join(section(*part) for part in fidelity)
+    body += "".join(section(*part) for part in fidelity + selectors_report.sections(every, meta))
     return body, title, "plotly-graph-div" in body
 
 
