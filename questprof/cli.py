@@ -264,7 +264,8 @@ def fidelity(
     cache: Annotated[Optional[Path], typer.Argument(
         help="The capture file for --source cache (safetensors, docs/FIDELITY.md)")] = None,
     source: Annotated[str, typer.Option(
-        help="synthetic, passkey, natural or cache")] = "synthetic",
+        help="synthetic, passkey, natural, cache, multikey (several keys among distractors) "
+             "or aggregate (a count over items on many pages)")] = "synthetic",
     scenario: Annotated[str, typer.Option(
         help="Model shape of synthetic caches (scenario name or .toml)")] = "smoke",
     model: Annotated[str, typer.Option(

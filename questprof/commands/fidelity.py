@@ -17,7 +17,8 @@ from questprof.core.config import ConfigError, parse_sizes, validate_budget, val
 from questprof.core.reference import MODES
 from questprof.results import ResultsWriter, append_rows, load, now
 
-DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k"}
+DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k", "multikey": "2k",
+                   "aggregate": "2k"}
 # auto: fp32 (the cache as the captured model computed it) on the NumPy reference, fp16 on a
 # GPU, whose kernels are built for fp16 and bf16 storage
 DTYPES = ("auto", "fp32", "fp16", "bf16")
@@ -27,7 +28,9 @@ DTYPES = ("auto", "fp32", "fp16", "bf16")
 # that installs it; a real model (passkey, natural) runs through torch and transformers
 NEEDS = {"synthetic": (), "cache": ("safetensors",),
          "passkey": ("torch", "transformers", "safetensors"),
-         "natural": ("torch", "transformers", "safetensors")}
+         "natural": ("torch", "transformers", "safetensors"),
+         "multikey": ("torch", "transformers", "safetensors"),
+         "aggregate": ("torch", "transformers", "safetensors")}
 INSTALL = {"cache": "pip install -e '.[fidelity]'"}
 INSTALL_MODEL = "pip install -e '.[torch,fidelity]'"
 

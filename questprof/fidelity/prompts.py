@@ -69,4 +69,5 @@ def answered(tokenizer, prompt: Prompt, tokens) -> bool | None:
     """Whether the generated tokens contain the prompt's answer (None when it has none)."""
     if not prompt.answer or tokenizer is None:
         return None
-    return prompt.answer in tokenizer.decode(list(tokens)).replace(" ", "")
+    text = tokenizer.decode(list(tokens)).replace(" ", "")
+    return all(part in text for part in prompt.answer.split("|"))  # 'a|b': every part

@@ -11,7 +11,7 @@ from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate, one_thread
 from questprof.fidelity.selectors import evaluate_selectors, has_quest
 
-SOURCES = ("synthetic", "passkey", "natural", "cache")
+SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,10 @@ def _prompts(loaded, request: Request, length: int):
         return [prompts.random_tokens(loaded.model.config.vocab_size, length, request.seed)]
     if request.source == "natural":
         return [prompts.natural(loaded.tokenizer, length)]
+    if request.source in ("multikey", "aggregate"):
+        from questprof.fidelity import tasks
+        make = tasks.multikeys if request.source == "multikey" else tasks.aggregates
+        return make(loaded.tokenizer, length, request.seed)
     return prompts.passkeys(loaded.tokenizer, length, request.depths, request.seed)
 
 
