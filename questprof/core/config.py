@@ -16,8 +16,11 @@ from dataclasses import asdict, dataclass
 from questprof.core import model
 from questprof.core.stages import MODES
 
-PAGE_SIZES = (8, 16, 32, 64)  # the page sizes the kernels are built for
-HEAD_DIMS = (64, 128)
+# The page sizes and head dims the kernels are built for (kernels/constants.cuh's QP_PAGE_SIZES and
+# QP_HEAD_DIMS; tests/test_variants.py keeps them equal). Any group q_heads / kv_heads runs: groups
+# up to 16 on tiles, larger ones (multi-query) in chunks of at most 16 q heads.
+PAGE_SIZES = (8, 16, 32, 64, 128)
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 MAX_VALUES = 10_000  # a range longer than this is a typo (say "1..1m+1"), not a sweep
 
@@ -129,8 +132,10 @@ class ModelShape:
             raise ConfigError(f"model {self.name}: q_heads {self.q_heads} is not a multiple "
                               f"of kv_heads {self.kv_heads}")
         if self.head_dim not in HEAD_DIMS:
+            near = min(HEAD_DIMS, key=lambda d: (abs(d - self.head_dim), d))
             raise ConfigError(f"model {self.name}: head_dim {self.head_dim} is not supported: "
-                              f"expected one of {', '.join(map(str, HEAD_DIMS))}")
+                              f"the kernels take {', '.join(map(str, HEAD_DIMS))} "
+                              f"(nearest: {near})")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model {self.name}: dtype {self.dtype!r} is not supported: "
                               f"expected one of {', '.join(DTYPES)}")
