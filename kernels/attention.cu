@@ -1,8 +1,12 @@
 // Decode attention straight from the paged cache (docs/QUEST.md stage 4; over all pages it is
 // the dense baseline).
 //
-// A CTA row is (request b, j) serving G query heads j*G .. j*G+G-1 of KV head j*G/g:
-//   dense and shared selections: G = g, so one CTA reads a KV head once for all its q heads;
+// A CTA row is (request b, j) serving up to G query heads of one KV head (G a tile of QP_GROUPS):
+//   dense and shared selections: all g q heads of the KV head on the smallest tile >= g (rows
+//   past g masked), so one CTA reads a KV head once for all its q heads; a group over 16
+//   (multi-query, e.g. Falcon-7B's 71) is cut into ceil(g / 16) chunks of at most 16 q heads,
+//   one CTA row each, and each of those re-reads the KV head: the KV bytes of such a layer are
+//   read ceil(g / 16) times (71 heads: 5x), against once if one CTA could hold the whole group;
 //   per-head selections with g > 1: G = 1, each q head walks its own page list.
 // The row's page list (all pages, or sel positions -> kv_indices) is cut into splits of
 // pages_per_split pages (grid.x) so that batch 1 x 32 heads still fills 132 SMs; each split
@@ -20,18 +24,26 @@
 // lse is returned in natural log. Figures and history: notes/KERNELS.md.
 #include "attention_tile.cuh"
 
+// A CTA row: request b and up to G q heads qh0 .. qh0 + nq - 1 of one KV head (one chunk of its
+// group), reading the page list of selection head sel_head.
 struct RowPlan {
-  int b, kv_head, qh0, row_pages, req_pages, tail_len, indptr_b;
+  int b, kv_head, qh0, nq, sel_head, row_pages, req_pages, tail_len, indptr_b;
 };
 
-// The row's place and page tables: inputs of the step, ready before the grid before ends.
+// The row's place and page tables: inputs of the step, ready before the grid before ends. Rows
+// of a request: KV head j / chunks, chunk j % chunks of chunk_size q heads (the last one shorter).
+// Dense and shared selections: chunks = ceil(g / 16); per-head selections: chunk_size 1, chunks g.
 QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict__ last_len,
-                           int q_heads, int kv_heads, int rows_per_req, int G) {
+                           int q_heads, int kv_heads, int chunks, int chunk_size, int sel_per_q) {
   RowPlan r;
-  const int row = blockIdx.y, j = row % rows_per_req;
+  const int rows_per_req = kv_heads * chunks, row = blockIdx.y, j = row % rows_per_req;
+  const int group = q_heads / kv_heads;
   r.b = row / rows_per_req;
-  r.qh0 = j * G;
-  r.kv_head = r.qh0 / (q_heads / kv_heads);
+  r.kv_head = j / chunks;
+  const int first = (j - r.kv_head * chunks) * chunk_size;
+  r.qh0 = r.kv_head * group + first;
+  r.nq = min(chunk_size, group - first);
+  r.sel_head = sel_per_q ? r.qh0 : r.kv_head;
   r.indptr_b = indptr[r.b];
   r.req_pages = indptr[r.b + 1] - r.indptr_b;
   r.tail_len = last_len[r.b];
@@ -59,71 +71,77 @@ QP_DEVICE bool last_split(int splits, int* __restrict__ row_done) {
 }
 
 // Row blockIdx.y's outputs from its splits' partials, by the whole CTA: one pass with a running
-// maximum per output, each thread's PER outputs x CH splits loaded together, so 33 splits of
-// G = 4 (llama3-8b dense, batch 1) cost 5 dependent loads, not 20. L2 loads (__ldcg): the
-// partials were written by other CTAs of this launch, so not through the read-only cache.
+// maximum per output, each thread's PB outputs x CH splits loaded together, so 33 splits of
+// G = 4 (llama3-8b dense, batch 1) cost 5 dependent loads, not 20. More than 8 outputs per thread
+// (G x D > 1024: G 16, or G 8 at D 192 / 256) go in passes of 8, to stay in registers.
+// L2 loads (__ldcg): the partials were written by other CTAs of this launch, so not through the
+// read-only cache.
 template <typename T, int G, int D>
 QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __restrict__ out,
-                            float* __restrict__ lse, int splits, int q_heads, int rows_per_req) {
+                            float* __restrict__ lse, int splits, int q_heads, const RowPlan& r) {
   constexpr int THREADS = ATT_WARPS * 32, PER = (G * D + THREADS - 1) / THREADS;
-  constexpr int CH = PER >= 8 ? 4 : 8;
+  constexpr int PB = PER < 8 ? PER : 8, CH = PB >= 8 ? 4 : 8;
   const float NEG_INF = -__int_as_float(0x7f800000);
-  const int row = blockIdx.y;
-  float M[PER], W[PER], A[PER];
+  const int row = blockIdx.y, n_out = r.nq * D;
+#pragma unroll 1
+  for (int i0 = 0; i0 < PER; i0 += PB) {
+    float M[PB], W[PB], A[PB];
 #pragma unroll
-  for (int i = 0; i < PER; ++i) { M[i] = NEG_INF; W[i] = 0.f; A[i] = 0.f; }
-  for (int s0 = 0; s0 < splits; s0 += CH) {
-    float l[PER][CH], o[PER][CH];
+    for (int i = 0; i < PB; ++i) { M[i] = NEG_INF; W[i] = 0.f; A[i] = 0.f; }
+    for (int s0 = 0; s0 < splits; s0 += CH) {
+      float l[PB][CH], o[PB][CH];
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      const int idx = threadIdx.x + i * THREADS, h = idx / D, dim = idx % D;
+      for (int i = 0; i < PB; ++i) {
+        const int idx = threadIdx.x + (i0 + i) * THREADS, h = idx / D, dim = idx % D;
 #pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const bool ok = idx < G * D && s0 + j < splits;
-        const size_t at = ((size_t)row * splits + s0 + j) * G + h;
-        l[i][j] = ok ? __ldcg(ws_lse + at) : NEG_INF;  // empty split: lse -inf, weight 0
-        o[i][j] = ok ? __ldcg(ws_o + at * D + dim) : 0.f;
+        for (int j = 0; j < CH; ++j) {
+          const bool ok = idx < n_out && s0 + j < splits;
+          const size_t at = ((size_t)row * splits + s0 + j) * G + h;
+          l[i][j] = ok ? __ldcg(ws_lse + at) : NEG_INF;  // empty split: lse -inf, weight 0
+          o[i][j] = ok ? __ldcg(ws_o + at * D + dim) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < PB; ++i) {
+        float m = M[i];
+#pragma unroll
+        for (int j = 0; j < CH; ++j) m = fmaxf(m, l[i][j]);
+        const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all so far
+        const float scale = exp2f(M[i] - m_use);    // M = -inf: W = A = 0, scale 0
+        W[i] *= scale;
+        A[i] *= scale;
+#pragma unroll
+        for (int j = 0; j < CH; ++j) {
+          const float w = exp2f(l[i][j] - m_use);
+          W[i] += w;
+          A[i] = fmaf(w, o[i][j], A[i]);
+        }
+        M[i] = m;
       }
     }
 #pragma unroll
-    for (int i = 0; i < PER; ++i) {
-      float m = M[i];
-#pragma unroll
-      for (int j = 0; j < CH; ++j) m = fmaxf(m, l[i][j]);
-      const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all so far
-      const float scale = exp2f(M[i] - m_use);    // M = -inf: W = A = 0, scale 0
-      W[i] *= scale;
-      A[i] *= scale;
-#pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const float w = exp2f(l[i][j] - m_use);
-        W[i] += w;
-        A[i] = fmaf(w, o[i][j], A[i]);
-      }
-      M[i] = m;
+    for (int i = 0; i < PB; ++i) {
+      const int idx = threadIdx.x + (i0 + i) * THREADS, h = idx / D, dim = idx % D;
+      if (idx >= n_out) continue;
+      const float M_use = M[i] == NEG_INF ? 0.f : M[i];
+      const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
+      out[qh * D + dim] = Storage<T>::from_float(W[i] > 0.f ? A[i] / W[i] : 0.f);
+      if (dim == 0) lse[qh] = W[i] > 0.f ? (M_use + log2f(W[i])) * LN2 : M[i];
     }
-  }
-#pragma unroll
-  for (int i = 0; i < PER; ++i) {
-    const int idx = threadIdx.x + i * THREADS, h = idx / D, dim = idx % D;
-    if (idx >= G * D) continue;
-    const float M_use = M[i] == NEG_INF ? 0.f : M[i];
-    const size_t qh = (size_t)(row / rows_per_req) * q_heads + (row % rows_per_req) * G + h;
-    out[qh * D + dim] = Storage<T>::from_float(W[i] > 0.f ? A[i] / W[i] : 0.f);
-    if (dim == 0) lse[qh] = W[i] > 0.f ? (M_use + log2f(W[i])) * LN2 : M[i];
   }
 }
 
 // Combine the 4 warps' states through shared memory and write (o, lse) of this split.
-template <typename T, int D, int S, int G>
-QP_DEVICE void finish(const Tile<T, D, S, G>& st, const RowPlan& r, int q_heads,
-                      int rows_per_req, int splits, uint16_t* __restrict__ out,
-                      float* __restrict__ lse, float* __restrict__ ws_o,
-                      float* __restrict__ ws_lse, int* __restrict__ row_done) {
-  __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
-  st.store(s_acc[threadIdx.x / 32], s_m[threadIdx.x / 32], s_l[threadIdx.x / 32], threadIdx.x % 32);
+template <typename T, int D, int G, class St>
+QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits,
+                       uint16_t* __restrict__ out, float* __restrict__ lse,
+                       float* __restrict__ ws_o, float* __restrict__ ws_lse,
+                       int* __restrict__ row_done, float (*s_acc)[G][D], float (*s_m)[G],
+                       float (*s_l)[G]) {
+  st.store(s_acc[threadIdx.x / 32], s_m[threadIdx.x / 32], s_l[threadIdx.x / 32], threadIdx.x % 32,
+           r.nq);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < r.nq * D; idx += blockDim.x) {
     const int h = idx / D, dim = idx % D;
     float M = s_m[0][h];
 #pragma unroll
@@ -148,24 +166,50 @@ QP_DEVICE void finish(const Tile<T, D, S, G>& st, const RowPlan& r, int q_heads,
     }
   }
   if (splits > 1 && last_split(splits, row_done))
-    merge_splits<T, G, D>(ws_o, ws_lse, out, lse, splits, q_heads, rows_per_req);
+    merge_splits<T, G, D>(ws_o, ws_lse, out, lse, splits, q_heads, r);
 }
 
-// grid (splits, B * rows_per_req), block 128. sel == nullptr: dense over all pages.
-// row_done [B * rows_per_req] int32 must be 0 at launch, and is 0 again when the kernel ends.
+// The combine arrays: static shared memory for the variants timed on the H200 (measured_variant),
+// the warps' rings for the others (G 16 at D 256 would need 64 KiB more), after
+// a barrier: every warp has finished reading its ring.
+template <typename T, int D, int G, class St>
+QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits,
+                      uint16_t* __restrict__ out, float* __restrict__ lse,
+                      float* __restrict__ ws_o, float* __restrict__ ws_lse,
+                      int* __restrict__ row_done, uint4* ring) {
+  if constexpr (!measured_variant(D, G)) {
+    static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<D, G>(), "rings hold the arrays");
+    __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
+    __syncthreads();
+    combine<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done,
+                     reinterpret_cast<float (*)[G][D]>(ring), s_m, s_l);
+  } else {
+    __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
+    combine<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done, s_acc, s_m, s_l);
+  }
+}
+
+// grid (splits, B * kv_heads * chunks), block 128. sel == nullptr: dense over all pages.
+// row_done [B * kv_heads * chunks] int32 must be 0 at launch, and is 0 again when the kernel ends.
 // count is [B], or [Hs, B] when count_per_head (selections of different sizes per head); a row
 // with no page writes out = 0 and lse = -inf, a partial that a log-sum-exp merge ignores.
+// S = 0: the page size is 1 << page_shift (otherwise page_shift is unused).
+// Minimum CTAs per SM: none for the measured builds (as timed); 2 for the others (page size at
+// launch included), the count their shared memory allows, so ptxas does not spill a few bytes to
+// fit a register count for 4 or 8 (D 80 / G 8 spilled 4 bytes at 128 registers, D 256 / G 1 at
+// 64, D 128 / G 2 / S 0 at 96, without it).
 template <typename T, int D, int S, int G>
-__global__ void __launch_bounds__(ATT_WARPS * 32)
+__global__ void __launch_bounds__(ATT_WARPS * 32, measured_variant(D, G) && S > 0 ? 0 : 2)
 attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
                  const uint16_t* __restrict__ v, const int* __restrict__ indptr,
                  const int* __restrict__ indices, const int* __restrict__ last_len,
                  const int* __restrict__ sel, const int* __restrict__ count, int batch,
-                 int q_heads, int kv_heads, int rows_per_req, int k_sel, int count_per_head,
-                 int pages_per_split, float scale_log2, uint16_t* __restrict__ out,
-                 float* __restrict__ lse, float* __restrict__ ws_o, float* __restrict__ ws_lse,
-                 int* __restrict__ row_done) {
-  using St = Tile<T, D, S, G>;
+                 int q_heads, int kv_heads, int chunks, int chunk_size, int sel_per_q, int k_sel,
+                 int count_per_head, int pages_per_split, int page_shift, float scale_log2,
+                 uint16_t* __restrict__ out, float* __restrict__ lse, float* __restrict__ ws_o,
+                 float* __restrict__ ws_lse, int* __restrict__ row_done) {
+  using St = Tile<T, D, G>;
+  const Paging<S> pg(page_shift);
   // ATT_WARPS x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
   // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async took twice
   // the L2 requests (dense 32K 161 us against 131 us aligned, on an H200).
@@ -175,64 +219,79 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // Before grid_wait, only the step's inputs (page tables, q): under programmatic dependent
   // launch this runs while top-K still selects. The selection and its count come after.
-  RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, rows_per_req, G);
+  RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, chunks, chunk_size, sel_per_q);
   St st;
-  st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2);
+  st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2, r.nq);
   grid_wait();
   grid_release();  // empty in quest()'s build (the next layer's estimate launches as this ends)
   // The split's positions and the row's count load together (L2 loads: the grid before wrote
   // them), so the chain to the first KV byte is positions | count -> page ids -> KV.
   const int splits = gridDim.x, p_begin = blockIdx.x * pages_per_split;
-  const int head = blockIdx.y % rows_per_req;  // the row's selection head
-  const int* row_sel = sel ? sel + ((size_t)head * batch + r.b) * k_sel : nullptr;
+  const int* row_sel = sel ? sel + ((size_t)r.sel_head * batch + r.b) * k_sel : nullptr;
   int pos[PER_THREAD];
 #pragma unroll
   for (int u = 0; u < PER_THREAD; ++u) {
     const int i = threadIdx.x + u * ATT_WARPS * 32, p = p_begin + i;
     pos[u] = row_sel && i < pages_per_split && p < k_sel ? __ldcg(row_sel + p) : p;
   }
-  if (sel) r.row_pages = __ldcg(count + (count_per_head ? (size_t)head * batch + r.b : r.b));
+  if (sel) r.row_pages = __ldcg(count + (count_per_head ? (size_t)r.sel_head * batch + r.b : r.b));
   const int nb = max(0, min(r.row_pages, p_begin + pages_per_split) - p_begin);  // <= ATT_MAX_PAGES
 #pragma unroll
   for (int u = 0; u < PER_THREAD; ++u) {
     const int i = threadIdx.x + u * ATT_WARPS * 32;
     if (i < nb) {
       s_page[i] = indices[r.indptr_b + pos[u]];
-      s_valid[i] = pos[u] == r.req_pages - 1 ? r.tail_len : S;
+      s_valid[i] = pos[u] == r.req_pages - 1 ? r.tail_len : pg.size();
     }
   }
   __syncthreads();
   // Warp w takes tiles w, w + 4, ...; NS - 1 tiles are in flight while one is computed.
-  const int tiles = (nb * S + St::TT - 1) / St::TT;
+  const int tiles = (nb * pg.size() + St::TT - 1) / St::TT;
   const int mine = tiles > warp ? (tiles - warp + ATT_WARPS - 1) / ATT_WARPS : 0;
   uint4* ring = att_ring + (size_t)warp * St::NS * St::STAGE;
 #pragma unroll
   for (int j = 0; j < St::NS - 1; ++j) {
     if (j < mine)
-      st.issue(ring + j * St::STAGE, k, v, s_page, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
-               kv_heads, r.kv_head, lane);
+      st.issue(ring + j * St::STAGE, k, v, pg, s_page, s_valid, nb,
+               (warp + j * ATT_WARPS) * St::TT, kv_heads, r.kv_head, lane);
     cp_async_commit();
   }
   for (int j = 0; j < mine; ++j) {
     const int ahead = j + St::NS - 1;
     __syncwarp();  // every lane's reads of the stage refilled below are done
     if (ahead < mine)
-      st.issue(ring + (ahead % St::NS) * St::STAGE, k, v, s_page, s_valid, nb,
+      st.issue(ring + (ahead % St::NS) * St::STAGE, k, v, pg, s_page, s_valid, nb,
                (warp + ahead * ATT_WARPS) * St::TT, kv_heads, r.kv_head, lane);
     cp_async_commit();
     cp_async_wait<St::NS - 1>();  // this lane's copies of tile j have landed,
     __syncwarp();                 // and every lane's (MmaTile reads rows other lanes copied)
-    st.tile(ring + (j % St::NS) * St::STAGE, s_valid, nb, (warp + j * ATT_WARPS) * St::TT, lane);
+    st.tile(ring + (j % St::NS) * St::STAGE, pg, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
+            lane);
   }
-  finish<T, D, S, G>(st, r, q_heads, rows_per_req, splits, out, lse, ws_o, ws_lse, row_done);
+  finish<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done, att_ring);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
-#define QP_ATT(T, D, S, G) template __global__ void attention_kernel<T, D, S, G>( \
-    const uint16_t*, const uint16_t*, const uint16_t*, const int*, const int*, const int*,  \
-    const int*, const int*, int, int, int, int, int, int, int, float, uint16_t*, float*, float*,  \
-    float*, int*);
-#define QP_ATT_G(T, D, S) QP_ATT(T, D, S, 1) QP_ATT(T, D, S, 2) QP_ATT(T, D, S, 4) QP_ATT(T, D, S, 8)
-#define QP_ATT_S(T, D) QP_ATT_G(T, D, 8) QP_ATT_G(T, D, 16) QP_ATT_G(T, D, 32) QP_ATT_G(T, D, 64)
-QP_ATT_S(fp16, 64) QP_ATT_S(fp16, 128) QP_ATT_S(bf16, 64) QP_ATT_S(bf16, 128)
+#include "instantiate.cuh"
+namespace qp_instantiate {
+// Page size as a template argument only for the measured variants at the measured page sizes;
+// one S 0 build per (D, G) serves the other page sizes (backends/variants.py, page_template).
+constexpr bool fixed_page(int d, int g, int s) {
+  return measured_variant(d, g) && qp_contains(QP_MEASURED_PAGE_SIZES, s);
+}
+constexpr bool any_page_at_launch(int d, int g) {
+  for (int s : QP_PAGE_SIZES)
+    if (!fixed_page(d, g, s)) return true;
+  return false;
+}
+struct Attention {
+  template <int T, int D, int G, int S> static void run() {
+    if constexpr (builds_head_dim(D) && fixed_page(D, G, S))
+      (void)&attention_kernel<Tag<T>, D, S, G>;
+    if constexpr (builds_head_dim(D) && S == QP_PAGE_SIZES[0] && any_page_at_launch(D, G))
+      (void)&attention_kernel<Tag<T>, D, 0, G>;
+  }
+};
+void attention_all() { Cross<Attention>::run<DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_PAGE_SIZES>(); }
+}  // namespace qp_instantiate
 #endif

@@ -1,8 +1,10 @@
 // The per-warp tile of decode attention (kernels/attention.cu): a ring stage of TT tokens' K and V
 // rows, filled by cp.async, and the online-softmax update over it. Two implementations share one
-// interface (init, issue, tile, store), picked by G, the q heads a CTA serves:
-//   CoreTile (G <= 2): CUDA-core dot products, a token row split over LANES = D/8 lanes;
-//   MmaTile  (G >= 4): tensor cores (mma m16n8k16), the G heads as rows of the A operand.
+// interface (init, issue, tile, store), picked by G, the q heads a CTA serves (a tile of
+// QP_GROUPS), and the head dim D:
+//   CoreTile (G <= 2, D 64 / 128 / 256): CUDA-core dot products, a token row over D/8 lanes;
+//   MmaTile  (G >= 4, and D 80 / 96 / 192 at every G): tensor cores (mma m16n8k16), the q heads
+//   as rows of the A operand (up to 16, rows past the group masked).
 // H200, side by side: llama3-8b (G = 4) dense 32K 49.1-49.6 -> 41.4-41.5 us and shared-mode sparse
 // 11.9-12.3 -> 10.0-10.1 us with MmaTile; MHA (G = 1) dense 32K 129.8 -> 130.8 us and sparse
 // 13.7 -> 14.0 us, so G = 1 keeps CoreTile. (ncu, MHA dense 32K: 61.0M -> 40.3M instructions at
@@ -10,8 +12,8 @@
 #pragma once
 #include "common.cuh"
 
-// Loads per lane per tile (NL: 8 gives 16 tokens at D 128, 32 at D 64, whole k-steps of the
-// tensor-core product) and the depth of the per-warp ring (NS), from constants.cuh.
+// Loads per lane per tile (NL: 8 gives 16 tokens at D 128, 32 at D 64, 8 at D 256) and the
+// depth of the per-warp ring (NS), from constants.cuh.
 template <int G> struct Pipe {
   static_assert(group_index(G) >= 0, "G must be one of QP_GROUPS");
   static constexpr int NL = ATT_LOADS[group_index(G)];
@@ -30,53 +32,84 @@ template <int N> QP_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 
+// Page size: a template argument (S > 0: the variants timed on the H200, measured_variant in
+// constants.cuh) or, S == 0, its log2 taken at launch (every other variant: one build serves
+// every page size, so CI compiles 5 x fewer of them; a shift by a register costs what a shift
+// by a constant does).
+template <int S> struct Paging {
+  QP_DEVICE explicit Paging(int) {}
+  QP_DEVICE int page(int t) const { return t / S; }
+  QP_DEVICE int slot(int t) const { return t % S; }
+  QP_DEVICE int size() const { return S; }
+};
+template <> struct Paging<0> {
+  int shift;
+  QP_DEVICE explicit Paging(int log2_size) : shift(log2_size) {}
+  QP_DEVICE int page(int t) const { return t >> shift; }
+  QP_DEVICE int slot(int t) const { return t & ((1 << shift) - 1); }
+  QP_DEVICE int size() const { return 1 << shift; }
+};
+
 // Token t of a split holds a valid key: its page exists and t is below the page's fill.
-template <int S> QP_DEVICE bool token_valid(const int* s_valid, int nb, int t) {
-  const int pl = t / S;
-  return pl < nb && t % S < s_valid[pl];
+template <class PG> QP_DEVICE bool token_valid(const PG& pg, const int* s_valid, int nb, int t) {
+  const int pl = pg.page(t);
+  return pl < nb && pg.slot(t) < s_valid[pl];
 }
 
 // A warp's ring of NS stages; a stage holds TT rows of D values for K, then TT for V, 16-byte
-// piece c of row t at slot(t, c). Lane l copies piece l % LANES of rows l / LANES + TPL i.
+// piece c of row t at slot(t, c), a row taking RS slots. The tile's TT x P pieces are copied in
+// order, 32 at a time: copy x = 32 i + l (lane l) is piece x % P of row x / P (with P dividing 32:
+// piece l % P of rows l / P + (32 / P) i). TT = NL x 32 / row_lanes(D): 32 tokens at D 64, 16 at
+// D 80 to 128, 8 at D 192 and 256, so a tile is NL x 512 bytes of K (less at D 80, 96, 192).
 // SWIZZLE XORs the piece with t % 8, so the 8 rows an ldmatrix reads at once sit in 8 different
-// bank groups (unswizzled, the 256-byte rows of D 128 put all 8 in one); CoreTile reads only its
-// own lane's pieces and needs none.
-template <int D, int S, int G, bool SWIZZLE>
+// bank groups (unswizzled, the 256-byte rows of D 128 put all 8 in one); rows are then padded to
+// a multiple of 8 pieces (D 80 and 96: 16). CoreTile reads only its own lane's pieces and needs
+// neither.
+template <int D, int G, bool SWIZZLE>
 struct Ring {
-  static constexpr int LANES = D / VEC, TPL = 32 / LANES, NL = Pipe<G>::NL, NS = Pipe<G>::NS;
-  static constexpr int TT = NL * TPL;         // tokens per warp tile
-  static constexpr int STAGE = 2 * NL * 32;  // uint4 per ring stage
-  static QP_DEVICE int slot(int t, int c) { return t * LANES + (SWIZZLE ? c ^ (t % 8) : c); }
+  static constexpr int P = D / VEC, LANES = row_lanes(D), TPL = 32 / LANES;
+  static constexpr int NL = Pipe<G>::NL, NS = Pipe<G>::NS;
+  static constexpr int TT = NL * TPL;                        // tokens per warp tile
+  static constexpr int RS = SWIZZLE ? (P + 7) / 8 * 8 : P;  // slots per row
+  static constexpr int NC = TT * P / 32;                     // copies per lane, of K and of V
+  static constexpr int STAGE = 2 * TT * RS;                  // uint4 per ring stage
+  static_assert(TT * P % 32 == 0, "a tile is whole rounds of 32 copies");
+  static_assert(SWIZZLE || P == LANES, "the unswizzled ring needs D / 8 a power of two");
+  static QP_DEVICE int slot(int t, int c) { return t * RS + (SWIZZLE ? c ^ (t % 8) : c); }
 
   // Start the copies of tile tok0 into ring stage `buf`.
+  template <class PG>
   static QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k,
-                              const uint16_t* __restrict__ v, const int* s_page,
+                              const uint16_t* __restrict__ v, const PG& pg, const int* s_page,
                               const int* s_valid, int nb, int tok0, int kv_heads, int kv_head,
                               int lane) {
-    const int c = lane % LANES, sub = lane / LANES;
 #pragma unroll
-    for (int i = 0; i < NL; ++i) {
-      const int tl = i * TPL + sub, t = tok0 + tl;
-      const bool ok = token_valid<S>(s_valid, nb, t);
-      const size_t off = ok ? (((size_t)s_page[t / S] * kv_heads + kv_head) * S + t % S) * D
-                                  + c * VEC : 0;
-      const int at = SWIZZLE ? slot(tl, c) : i * 32 + lane;  // = slot(tl, c) unswizzled
+    for (int i = 0; i < NC; ++i) {
+      const int x = i * 32 + lane;
+      const int tl = 32 % P == 0 ? i * (32 / P) + lane / P : x / P;
+      const int c = 32 % P == 0 ? lane % P : x % P;
+      const int t = tok0 + tl;
+      const bool ok = token_valid(pg, s_valid, nb, t);
+      const size_t off = ok ? (((size_t)s_page[pg.page(t)] * kv_heads + kv_head) * pg.size()
+                               + pg.slot(t)) * D + c * VEC : 0;
+      const int at = SWIZZLE ? slot(tl, c) : x;  // = slot(tl, c) unswizzled
       cp_async16(buf + at, k + off, ok);
-      cp_async16(buf + TT * LANES + at, v + off, ok);
+      cp_async16(buf + TT * RS + at, v + off, ok);
     }
   }
 };
 
 // CUDA cores: lane l holds 8 dimensions (piece c = l % LANES) of token sub = l / LANES of each
-// group of TPL tokens, the pieces it copied itself, and dots them with its 8 q values.
-template <typename T, int D, int S, int G>
-struct CoreTile : Ring<D, S, G, false> {
-  using R = Ring<D, S, G, false>;
+// group of TPL tokens, the pieces it copied itself, and dots them with its 8 q values. Serves
+// only exact groups (G 1 or 2 q heads, never a masked tile) at D / 8 a power of two.
+template <typename T, int D, int G>
+struct CoreTile : Ring<D, G, false> {
+  using R = Ring<D, G, false>;
   using R::LANES, R::TPL, R::NL;
   float q[G][VEC], acc[G][VEC], m[G], l[G];
 
   // q pre-scaled by log2(e)/sqrt(D): scores in log2 units.
-  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale) {
+  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale, int /*nq = G*/) {
     const int c = lane % LANES;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -89,13 +122,15 @@ struct CoreTile : Ring<D, S, G, false> {
   }
 
   // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
-  QP_DEVICE void tile(const uint4* buf, const int* s_valid, int nb, int tok0, int lane) {
+  template <class PG>
+  QP_DEVICE void tile(const uint4* buf, const PG& pg, const int* s_valid, int nb, int tok0,
+                      int lane) {
     const int sub = lane / LANES;
     float s[G][NL], x[VEC];
 #pragma unroll
     for (int i = 0; i < NL; ++i) {
       unpack8<T>(buf[i * 32 + lane], x);
-      const bool ok = token_valid<S>(s_valid, nb, tok0 + i * TPL + sub);
+      const bool ok = token_valid(pg, s_valid, nb, tok0 + i * TPL + sub);
 #pragma unroll
       for (int h = 0; h < G; ++h) {
         float dot = 0.f;
@@ -131,7 +166,7 @@ struct CoreTile : Ring<D, S, G, false> {
   }
 
   // This warp's (acc, m, l) of its G rows into the CTA's combine arrays.
-  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane) const {
+  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane, int /*nq*/) const {
     const int c = lane % LANES;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -146,8 +181,8 @@ struct CoreTile : Ring<D, S, G, false> {
   }
 };
 
-// Four 8x8 tiles of 16-bit values from shared memory (rows given by lanes 8m..8m+7 for tile m);
-// .trans hands each lane a column pair instead of a row pair.
+// Four (two) 8x8 tiles of 16-bit values from shared memory (rows given by lanes 8m..8m+7 for
+// tile m); .trans hands each lane a column pair instead of a row pair.
 template <bool TRANS> QP_DEVICE void ldmatrix_x4(uint32_t r[4], const uint4* row) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(row);
   if (TRANS)
@@ -157,17 +192,30 @@ template <bool TRANS> QP_DEVICE void ldmatrix_x4(uint32_t r[4], const uint4* row
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
+QP_DEVICE void ldmatrix_x2(uint32_t r[2], const uint4* row) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
 
 // c += a (16x16, rows = q heads) * b (16x8), fp32 accumulate; float pairs -> 16-bit pairs.
 // One definition for both storage types: TY is the PTX type name (f16, bf16).
 template <typename T> struct Mma;
 #define QP_MMA(TAG, TY)                                                                       \
   template <> struct Mma<TAG> {                                                               \
-    static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {     \
+    static QP_DEVICE void run(float (&c)[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {  \
       asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
                    "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                   \
                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                           \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));           \
+    }                                                                                         \
+    /* rows 0..7 only: rows 8..15 of C are 0 and of D thrown away */                         \
+    static QP_DEVICE void run(float (&c)[2], const uint32_t a[4], uint32_t b0, uint32_t b1) {  \
+      [[maybe_unused]] float d2, d3;                                                          \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
+                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%10,%10};"                                 \
+                   : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)                               \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));  \
     }                                                                                         \
     static QP_DEVICE uint32_t pack(float lo, float hi) {                                      \
       uint32_t r;                                                                             \
@@ -179,38 +227,59 @@ QP_MMA(fp16, "f16")
 QP_MMA(bf16, "bf16")
 #undef QP_MMA
 
-// Tensor cores: the G q heads are rows 0..G-1 of the 16-row A operand (the rest zero), tokens the
-// N (scores) and K (output) dimensions; lane l holds row l/4 of each accumulator, columns 2(l%4)
-// and +1; ldmatrix reads K and V rows that other lanes copied (the caller syncs the warp after
-// waiting). Scores are scaled to log2 units after the product, so q enters the tensor cores
-// exactly as stored.
-template <typename T, int D, int S, int G>
-struct MmaTile : Ring<D, S, G, true> {
-  using R = Ring<D, S, G, true>;
-  using R::LANES, R::TT, R::slot;
-  static_assert(TT % 16 == 0, "a tile is whole k-steps of 16 tokens");
-  static constexpr int NT = TT / 8, ND = D / 8;  // score tiles (8 tokens), output tiles (8 dims)
-  uint32_t qa[D / 16][4];  // A fragments of q, one per 16 dimensions
-  float acc[ND][4], m, l, scale;  // output tiles; row max (log2 units), this lane's share of the sum
+// Tensor cores: the q heads are rows of the 16-row A operand, tokens the N (scores) and K
+// (output) dimensions; lane l holds row l/4 (and, HI, row l/4 + 8) of each accumulator, columns
+// 2(l%4) and +1. Rows at or past nq (a group smaller than the tile, the last chunk of a larger
+// one) get q = 0: their finite scores are computed and never stored. G <= 8 leaves rows 8..15
+// zero, as the tiles timed on the H200 do; G 16 (HI) fills them, a second softmax row per lane
+// at the same count of mma. ldmatrix reads K and V rows that other lanes copied (the caller syncs
+// the warp after waiting). Scores are scaled to log2 units after the product, so q enters the
+// tensor cores exactly as stored. A tile of 8 tokens (D 192, 256) is half a k-step of P V: the
+// upper 8 tokens of A are zero and B's upper rows repeat the lower ones (finite values, times 0).
+template <typename T, int D, int G>
+struct MmaTile : Ring<D, G, true> {
+  using R = Ring<D, G, true>;
+  using R::RS, R::TT, R::slot;
+  static_assert(TT % 16 == 0 || TT == 8, "a tile is whole k-steps of 16 tokens, or half of one");
+  static_assert(D % 16 == 0, "head dims are whole k-steps of 16");
+  static constexpr bool HI = G > 8;                      // rows 8..15 hold q heads
+  static constexpr int NR = HI ? 2 : 1;                  // softmax rows per lane: g, g + 8
+  static constexpr int NT = TT / 8, ND = D / 8, KS = D / 16;  // score tiles, output tiles, k-steps
+  // Accumulators per output tile: rows g and g + 8 (4) where HI needs them and in the measured
+  // variants (kept as timed), else row g only (2: D 256 would need 128 registers for 4).
+  static constexpr int AW = HI || measured_variant(D, G) ? 4 : 2;
+  uint32_t qa[KS][4];  // A fragments of q, one per 16 dimensions
+  float acc[ND][AW], m[NR], l[NR], scale;  // output tiles; row max (log2 units), this lane's sum
 
-  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale_log2) {
+  QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale_log2, int nq) {
     const int g = lane / 4, col = 2 * (lane % 4);
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+    for (int kk = 0; kk < KS; ++kk) {
       const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
-      qa[kk][0] = g < G ? *reinterpret_cast<const uint32_t*>(row) : 0u;
-      qa[kk][2] = g < G ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
+      qa[kk][0] = g < nq ? *reinterpret_cast<const uint32_t*>(row) : 0u;
+      qa[kk][2] = g < nq ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
       qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
+      if (HI && g + 8 < nq) {
+        qa[kk][1] = *reinterpret_cast<const uint32_t*>(row + 8 * D);
+        qa[kk][3] = *reinterpret_cast<const uint32_t*>(row + 8 * D + 8);
+      }
     }
 #pragma unroll
-    for (int n = 0; n < ND; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    m = -__int_as_float(0x7f800000);
-    l = 0.f;
+    for (int n = 0; n < ND; ++n)
+#pragma unroll
+      for (int e = 0; e < AW; ++e) acc[n][e] = 0.f;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      m[r] = -__int_as_float(0x7f800000);
+      l[r] = 0.f;
+    }
     scale = scale_log2;
   }
 
   // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
-  QP_DEVICE void tile(const uint4* buf, const int* s_valid, int nb, int tok0, int lane) {
+  template <class PG>
+  QP_DEVICE void tile(const uint4* buf, const PG& pg, const int* s_valid, int nb, int tok0,
+                      int lane) {
     float s[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
@@ -222,64 +291,96 @@ struct MmaTile : Ring<D, S, G, true> {
         Mma<T>::run(s[j], qa[2 * kc], b[0], b[1]);
         Mma<T>::run(s[j], qa[2 * kc + 1], b[2], b[3]);
       }
+      if (D % 32) {  // D 80: a last k-step of 16 dimensions
+        uint32_t b[2];
+        ldmatrix_x2(b, buf + slot(j * 8 + lane % 8, D / 32 * 4 + lane / 8 % 2));
+        Mma<T>::run(s[j], qa[KS - 1], b[0], b[1]);
+      }
     }
     const int col = 2 * (lane % 4);
-    float tmax = -__int_as_float(0x7f800000);
+    float tmax[NR];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) tmax[r] = -__int_as_float(0x7f800000);
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool ok = token_valid<S>(s_valid, nb, tok0 + j * 8 + col + e);
-        s[j][e] = ok ? s[j][e] * scale : -__int_as_float(0x7f800000);
-        tmax = fmaxf(tmax, s[j][e]);
+        const bool ok = token_valid(pg, s_valid, nb, tok0 + j * 8 + col + e);
+#pragma unroll
+        for (int r = 0; r < NR; ++r) {
+          s[j][2 * r + e] = ok ? s[j][2 * r + e] * scale : -__int_as_float(0x7f800000);
+          tmax[r] = fmaxf(tmax[r], s[j][2 * r + e]);
+        }
       }
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));  // the row's 4 lanes
-    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-    const float m_new = fmaxf(m, tmax);
-    const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-    const float rescale = exp2f(m - m_use);
-    l *= rescale;
 #pragma unroll
-    for (int n = 0; n < ND; ++n) { acc[n][0] *= rescale; acc[n][1] *= rescale; }
-    m = m_new;
+    for (int r = 0; r < NR; ++r) {
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));  // the row's 4 lanes
+      tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+      const float m_new = fmaxf(m[r], tmax[r]);
+      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
+      const float rescale = exp2f(m[r] - m_use);
+      l[r] *= rescale;
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      s[j][0] = exp2f(s[j][0] - m_use);
-      s[j][1] = exp2f(s[j][1] - m_use);
-      l += s[j][0] + s[j][1];
+      for (int n = 0; n < ND; ++n) { acc[n][2 * r] *= rescale; acc[n][2 * r + 1] *= rescale; }
+      m[r] = m_new;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        s[j][2 * r] = exp2f(s[j][2 * r] - m_use);
+        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - m_use);
+        l[r] += s[j][2 * r] + s[j][2 * r + 1];
+      }
     }
 #pragma unroll
-    for (int ks = 0; ks < TT / 16; ++ks) {  // O += P V, 16 tokens per step
-      const uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), 0u,
-                             Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]), 0u};
+    for (int ks = 0; ks < (TT + 15) / 16; ++ks) {  // O += P V, 16 tokens per step
+      uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), 0u, 0u, 0u};
+      if (HI) a[1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+      if constexpr (TT >= 16) {
+        a[2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        if (HI) a[3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+      }
+      const int row = TT >= 16 ? ks * 16 + (lane / 8 % 2) * 8 + lane % 8 : lane % 8;
 #pragma unroll
       for (int np = 0; np < ND / 2; ++np) {  // V rows as B: two 8-dimension tiles per ldmatrix
         uint32_t b[4];
-        ldmatrix_x4<true>(b, buf + TT * LANES +
-                                 slot(ks * 16 + (lane / 8 % 2) * 8 + lane % 8, 2 * np + lane / 16));
+        ldmatrix_x4<true>(b, buf + TT * RS + slot(row, 2 * np + lane / 16));
         Mma<T>::run(acc[2 * np], a, b[0], b[1]);
         Mma<T>::run(acc[2 * np + 1], a, b[2], b[3]);
       }
     }
   }
 
-  // This warp's (acc, m, l) of its G rows into the CTA's combine arrays.
-  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane) const {
+  // This warp's (acc, m, l) of its first nq rows into the CTA's combine arrays.
+  QP_DEVICE void store(float (*s_acc)[D], float* s_m, float* s_l, int lane, int nq) const {
     const int g = lane / 4, col = 2 * (lane % 4);
-    float sum = l + __shfl_xor_sync(0xffffffffu, l, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    if (g >= G) return;
 #pragma unroll
-    for (int n = 0; n < ND; ++n) {
-      s_acc[g][n * 8 + col] = acc[n][0];
-      s_acc[g][n * 8 + col + 1] = acc[n][1];
+    for (int r = 0; r < NR; ++r) {
+      float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = g + 8 * r;
+      if (row >= nq) continue;
+#pragma unroll
+      for (int n = 0; n < ND; ++n) {
+        s_acc[row][n * 8 + col] = acc[n][2 * r];
+        s_acc[row][n * 8 + col + 1] = acc[n][2 * r + 1];
+      }
+      if (lane % 4 == 0) { s_m[row] = m[r]; s_l[row] = sum; }
     }
-    if (lane % 4 == 0) { s_m[g] = m; s_l[g] = sum; }
   }
 };
 
 template <bool B, typename X, typename Y> struct Pick { using type = X; };
 template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
 
-template <typename T, int D, int S, int G>
-using Tile = typename Pick<(G >= 4), MmaTile<T, D, S, G>, CoreTile<T, D, S, G>>::type;
+// Tensor cores for G >= 4, and at every G where D / 8 is not a power of two (80, 96, 192: the
+// CUDA-core tile's shuffles need aligned power-of-two lane groups).
+template <typename T, int D, int G>
+using Tile = typename Pick<(G >= 4 || row_lanes(D) != D / VEC), MmaTile<T, D, G>,
+                           CoreTile<T, D, G>>::type;
+
+// Dynamic shared memory of a CTA: the warps' rings. backends/cupy.py computes the same bytes
+// (tests/test_kernels_compile.py compares them for every head dim and tile).
+template <int D, int G> __host__ __device__ constexpr int attention_ring_bytes() {
+  using R = Ring<D, G, (G >= 4 || row_lanes(D) != D / VEC)>;
+  return ATT_WARPS * R::NS * R::STAGE * 16;
+}
+

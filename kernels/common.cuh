@@ -70,6 +70,15 @@ template <> struct Storage<bf16> {
 // Eight 16-bit values = one 16-byte load.
 constexpr int VEC = 8;
 
+// Lanes that hold one head-dim row of D values, 8 each: D / 8 rounded up to a power of two, so
+// that shuffles reduce over aligned groups. Head dims 80, 96 and 192 (10, 12 and 24 pieces) leave
+// the lanes past D / 8 idle: they load nothing and add zeros.
+__host__ __device__ constexpr int row_lanes(int d) {
+  int lanes = 1;
+  while (lanes < d / VEC) lanes *= 2;
+  return lanes;
+}
+
 // Plain 16-byte global load; KV pages are read once, so no cache hints beyond the default.
 QP_DEVICE uint4 load16(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
 

@@ -7,9 +7,26 @@
 #pragma once
 
 // Variants the launcher may ask for (QP_INSTANTIATE_ALL builds the same set in CI).
-constexpr int QP_GROUPS[] = {1, 2, 4, 8};  // q heads served per CTA (attention) / per KV head
-constexpr int QP_HEAD_DIMS[] = {64, 128};
-constexpr int QP_PAGE_SIZES[] = {8, 16, 32, 64};
+// QP_GROUPS are tile sizes: the q heads one CTA of attention serves, or one estimate pass scores
+// from a box. A group g = q_heads / kv_heads runs on the smallest tile >= g with the rows past g
+// masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over 16 (multi-query) is cut into
+// ceil(g / 16) near-equal chunks (backends/cupy.py, `plan_group`).
+constexpr int QP_GROUPS[] = {1, 2, 4, 8, 16};
+constexpr int QP_HEAD_DIMS[] = {64, 80, 96, 128, 192, 256};
+constexpr int QP_PAGE_SIZES[] = {8, 16, 32, 64, 128};
+// Variants kept as they were timed on the H200 (head dims x tiles below). Attention: page size a
+// template argument (at the measured page sizes), combine arrays in static shared memory,
+// accumulator rows 8..15 kept; estimate: a build with the group a constant. Every other
+// attention variant is built once with S = 0 and takes log2(page size) at launch (CI compiles
+// 5 x fewer of them), combines in its rings and keeps only the accumulator rows it uses; every
+// other estimate takes the group from the launch.
+constexpr int QP_MEASURED_HEAD_DIMS[] = {64, 128};
+constexpr int QP_MEASURED_GROUPS[] = {1, 2, 4, 8};
+constexpr int QP_MEASURED_PAGE_SIZES[] = {8, 16, 32, 64};
+// estimate_topk.cu (the fused form of the step, not quest()'s default) is built for these head
+// dims only: each build inlines a whole top-K, and the other head dims would add 6 minutes of
+// nvcc to CI. quest(fused=False) runs every head dim.
+constexpr int QP_FUSED_HEAD_DIMS[] = {64, 128};
 
 // estimate.cu. 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
 // flight per thread, 64-128 KB per SM, while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per
@@ -19,7 +36,7 @@ constexpr int EST_UNROLL = 2;
 // Resident blocks per SM, the register cap the launcher sizes its one wave by. nvcc 13.0 sm_90:
 // G 1-2 fit 64 registers (4 blocks); G 4 needs 77-79 (3) and G 8 108 (2); one block more spills
 // (G 8: 16-52 B at 3).
-constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2};
+constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2, 2};
 
 // topk.cu: one CTA per (request, head).
 constexpr int TK_THREADS = 1024;
@@ -29,13 +46,26 @@ constexpr int ATT_WARPS = 4;
 constexpr int ATT_MAX_PAGES = 512;  // pages of one split staged in shared memory
 // Per-warp cp.async ring: loads per lane per tile (NL) and stages (NS). Shared memory per CTA =
 // ATT_WARPS x NS x 8 KiB: 96 KiB for G <= 4 (2 CTAs per SM), 64 KiB for G 8, whose combine
-// arrays take 16 KiB more.
-constexpr int ATT_LOADS[] = {8, 8, 8, 8};
-constexpr int ATT_STAGES[] = {3, 3, 3, 2};
+// arrays take 16 KiB more, and for G 16 (combine arrays in the ring).
+constexpr int ATT_LOADS[] = {8, 8, 8, 8, 8};
+constexpr int ATT_STAGES[] = {3, 3, 3, 2, 2};
 
 // Position of G in QP_GROUPS, -1 when G is not built (used in constant expressions only).
 __host__ __device__ constexpr int group_index(int g) {
   for (int i = 0; i < int(sizeof(QP_GROUPS) / sizeof(QP_GROUPS[0])); ++i)
     if (QP_GROUPS[i] == g) return i;
   return -1;
+}
+
+// Whether `value` is in `table` (constant expressions: measured_variant, the instantiation).
+template <int N>
+__host__ __device__ constexpr bool qp_contains(const int (&table)[N], int value) {
+  for (int i = 0; i < N; ++i)
+    if (table[i] == value) return true;
+  return false;
+}
+
+// An attention variant timed on the H200 (QP_MEASURED_*).
+__host__ __device__ constexpr bool measured_variant(int d, int g) {
+  return qp_contains(QP_MEASURED_HEAD_DIMS, d) && qp_contains(QP_MEASURED_GROUPS, g);
 }

@@ -1,11 +1,14 @@
 // Estimate (criticality): U_p(q) = sum_j max(q_j m_pj, q_j M_pj) for every page of every request
 // (docs/QUEST.md stage 2). Memory-bound: each (page, KV head) box of 2*D values is read exactly
-// once, and all G query heads of that KV head are scored from it (per-head writes G scores;
-// shared-max and shared-mean reduce the G scores to one per KV head).
+// once, and all g query heads of that KV head are scored from it (per-head writes g scores;
+// shared-max and shared-mean reduce the g scores to one per KV head). G is the tile: a group g
+// runs on the smallest tile >= g with the heads past g skipped; a group over 16 (multi-query) is
+// scored 16 heads at a time from the same box in registers.
 //
 // Work unit = (CSR entry i, KV head h), unit = i * Hkv + h: KV head fastest so consecutive units
 // read consecutive boxes of one page (Hkv * 2 * D * 2 bytes contiguous). A unit is served by
-// LANES = D/8 lanes, each holding 8 dimensions of min and max (two 16-byte loads). A tile is
+// LANES = D/8 lanes rounded up to a power of two (head dims 80, 96, 192 leave 6, 4, 8 of 16, 16,
+// 32 lanes idle), each holding 8 dimensions of min and max (two 16-byte loads). A tile is
 // EST_UNROLL * GROUPS consecutive units (one batch of EST_UNROLL units per thread).
 //
 // Persistent: the launcher starts one resident wave (EST_BLOCKS_PER_SM per SM, constants.cuh) and
@@ -16,22 +19,35 @@
 // Figures and history: notes/KERNELS.md. The device code is in estimate.cuh.
 #include "estimate.cuh"
 
-template <typename T, int D, int G, int MODE>
+// EXACT: the group is G itself, a constant in the code (tiles 1 and 2, and the measured variants
+// as timed on the H200); otherwise (tiles 4, 8, 16) the group comes from the launch: smaller
+// groups masked, larger ones chunked. Two builds rather than a branch in one: together they need
+// more registers than EST_BLOCKS_PER_SM allows (tile 4, shared-max, bf16 spilled 12 bytes at 80).
+template <typename T, int D, int G, int MODE, bool EXACT>
 __global__ void __launch_bounds__(EST_THREADS, EST_BLOCKS_PER_SM[group_index(G)])
 estimate_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                 const int* __restrict__ indptr, const int* __restrict__ indices,
-                float* __restrict__ scores, int batch, int kv_heads, int nnz) {
+                float* __restrict__ scores, int batch, int kv_heads, int nnz, int group) {
   grid_wait();     // the grid before may still write q or the summaries (RoPE, summary append)
   grid_release();  // empty in quest()'s build (releasing in all 3 stages: 32.0 -> 36.0 us)
   constexpr int TILE = est_tile_units<D>();
-  estimate_tiles<T, D, G, MODE, false>(q, summ, indptr, indices, scores, batch, kv_heads, nnz,
-                                       blockIdx.x, gridDim.x, (nnz * kv_heads + TILE - 1) / TILE);
+  estimate_tiles<T, D, G, MODE, false, EXACT>(q, summ, indptr, indices, scores, batch, kv_heads,
+                                              nnz, group, blockIdx.x, gridDim.x,
+                                              (nnz * kv_heads + TILE - 1) / TILE);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
-#define QP_EST(T, D, G, M) template __global__ void estimate_kernel<T, D, G, M>( \
-    const uint16_t*, const uint16_t*, const int*, const int*, float*, int, int, int);
-#define QP_EST_G(T, D, M) QP_EST(T, D, 1, M) QP_EST(T, D, 2, M) QP_EST(T, D, 4, M) QP_EST(T, D, 8, M)
-#define QP_EST_M(T, D) QP_EST_G(T, D, 0) QP_EST_G(T, D, 1) QP_EST_G(T, D, 2)
-QP_EST_M(fp16, 64) QP_EST_M(fp16, 128) QP_EST_M(bf16, 64) QP_EST_M(bf16, 128)
+#include "instantiate.cuh"
+namespace qp_instantiate {
+// Exact builds of tiles 1 and 2 and of the measured variants; builds that take the group from the
+// launch of every larger tile (backends/variants.py, estimate_exact).
+struct Estimate {
+  template <int T, int D, int G, int M> static void run() {
+    if constexpr (builds_head_dim(D) && (G <= 2 || measured_variant(D, G)))
+      (void)&estimate_kernel<Tag<T>, D, G, M, true>;
+    if constexpr (builds_head_dim(D) && G > 2) (void)&estimate_kernel<Tag<T>, D, G, M, false>;
+  }
+};
+void estimate_all() { Cross<Estimate>::run<DTYPES, QP_HEAD_DIMS, QP_GROUPS, MODES>(); }
+}  // namespace qp_instantiate
 #endif

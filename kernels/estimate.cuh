@@ -56,6 +56,14 @@ QP_DEVICE void load_pages(const int* __restrict__ indices, const W& walk, Stride
     page[r] = walk.valid(u) ? __ldg(indices + u.i) : 0;
 }
 
+// Lanes past D / 8 (head dims 80, 96, 192: row_lanes pads to 16, 16, 32) load the row's last
+// piece again (the same 16 bytes as its own lane: no extra traffic, and no branch, which cost
+// the G 2 builds more than their 64 registers) and add zero.
+template <int D>
+QP_DEVICE bool lane_in_row(int c) { return row_lanes(D) == D / VEC || c < D / VEC; }
+template <int D>
+QP_DEVICE int piece(int c) { return row_lanes(D) == D / VEC ? c : min(c, D / VEC - 1); }
+
 template <int D, class W>
 QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const W& walk, Stride within,
                           const int page[EST_UNROLL], Unit u, int c, Box box[EST_UNROLL]) {
@@ -63,71 +71,91 @@ QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const W& walk, Stri
   for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
     box[r].lo = box[r].hi = make_uint4(0, 0, 0, 0);
     if (walk.valid(u)) {
-      const uint16_t* p = summ + ((size_t)page[r] * walk.kv_heads + u.h) * 2 * D + c * VEC;
+      const uint16_t* p =
+          summ + ((size_t)page[r] * walk.kv_heads + u.h) * 2 * D + piece<D>(c) * VEC;
       box[r].lo = load16_stream(p);
       box[r].hi = load16_stream(p + D);
     }
   }
 }
 
-template <typename T, int D, int G>
+// Tile of G q heads: the first nq score (nq < G for a group smaller than the tile, or the last
+// chunk of a group over 16). EXACT: the group is G (nq = G, known to the compiler).
+template <bool EXACT>
+QP_DEVICE bool head_in_tile(int t, int nq) { return EXACT || t < nq; }
+
+// Scores u[t] of q heads qhead0 + t from one box (t < nq; the others are left unset).
+template <typename T, int D, int G, bool EXACT>
 QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box& box, int qhead0, int c,
-                           float u[G]) {
+                           int nq, float u[G]) {
   float m[VEC], M[VEC], x[VEC];
   unpack8<T>(box.lo, m);
   unpack8<T>(box.hi, M);
 #pragma unroll
   for (int t = 0; t < G; ++t) {
-    unpack8<T>(load16(q + (size_t)(qhead0 + t) * D + c * VEC), x);
+    if (!head_in_tile<EXACT>(t, nq)) continue;  // uniform over the grid: the shuffles stay full
+    unpack8<T>(load16(q + (size_t)(qhead0 + t) * D + piece<D>(c) * VEC), x);
     float s = 0.f;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s += fmaxf(x[j] * m[j], x[j] * M[j]);
-    u[t] = group_sum<D / VEC>(s);
+    u[t] = group_sum<row_lanes(D)>(lane_in_row<D>(c) ? s : 0.f);
   }
 }
 
-// Units past the end still shuffle (full-warp masks) but write nothing.
-template <typename T, int D, int G, int MODE, class W>
+// Units past the end still shuffle (full-warp masks) but write nothing. A group larger than the
+// tile (over 16 q heads, multi-query) is scored in chunks of G heads from the box in registers,
+// so the box is still read once. EXACT: group == G.
+template <typename T, int D, int G, int MODE, bool EXACT, class W>
 QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict__ indptr,
                            float* __restrict__ scores, int batch, const W& walk, Stride within,
-                           const Box box[EST_UNROLL], Unit u, int c, Request& req) {
-  constexpr int LANES = D / VEC;
+                           const Box box[EST_UNROLL], Unit u, int c, Request& req, int group) {
+  constexpr int LANES = row_lanes(D);
+  const int g = EXACT ? G : group;
 #pragma unroll
   for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
     const bool valid = walk.valid(u);
     if (valid) req.seek(indptr, batch, u.i);
-    float s[G];
     // Units past the end still score (full-warp shuffles): head-major ones can have h >= Hkv,
     // so they read q's head 0 instead of past its end (grid-stride ones keep h < Hkv).
     const int h = W::head_major && !valid ? 0 : u.h;
-    score_heads<T, D, G>(q, box[r], (req.b * walk.kv_heads + h) * G, c, s);
-    if (MODE == PER_HEAD) {
+    float v = 0.f;  // shared modes: max or sum over the group so far
+    for (int h0 = 0; h0 < g; h0 += G) {
+      const int nq = min(G, g - h0);
+      float s[G];
+      score_heads<T, D, G, EXACT>(q, box[r], (req.b * walk.kv_heads + h) * g + h0, c, nq, s);
+      if (MODE == PER_HEAD) {
 #pragma unroll
-      for (int t = 0; t < G; ++t)
-        if (valid && c == t % LANES) scores[(size_t)(u.h * G + t) * walk.nnz + u.i] = s[t];
-    } else if (valid && c == 0) {
-      float v = s[0];
+        for (int t = 0; t < G; ++t)
+          if (valid && head_in_tile<EXACT>(t, nq) && c == t % LANES)
+            scores[(size_t)(u.h * g + h0 + t) * walk.nnz + u.i] = s[t];
+      } else {
 #pragma unroll
-      for (int t = 1; t < G; ++t) v = MODE == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
-      scores[(size_t)u.h * walk.nnz + u.i] = MODE == SHARED_MEAN ? v / G : v;
+        for (int t = 0; t < G; ++t)
+          if (head_in_tile<EXACT>(t, nq))
+            v = h0 + t == 0 ? s[t] : MODE == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
+      }
     }
+    if (MODE != PER_HEAD && valid && c == 0)
+      scores[(size_t)u.h * walk.nnz + u.i] = MODE == SHARED_MEAN ? v / g : v;
   }
 }
 
 // Units per tile of a block of NT threads: EST_UNROLL batches of GROUPS = NT / LANES units, one
-// unit per LANES = D / 8 lanes.
+// unit per LANES = row_lanes(D) lanes.
 template <int D, int NT = EST_THREADS>
-__host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / (D / VEC)); }
+__host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / row_lanes(D)); }
 
 // Tiles first, first + step, ... (< end) of this block, scored in the order of Walk<HEAD_MAJOR>:
 // estimate.cu walks grid-stride (first blockIdx.x, step gridDim.x), estimate_topk.cu a block of
-// consecutive tiles (step 1), so that each block's units fall in one or two rows.
-template <typename T, int D, int G, int MODE, bool HEAD_MAJOR, int NT = EST_THREADS>
+// consecutive tiles (step 1), so that each block's units fall in one or two rows. EXACT: the
+// group is the tile G, a constant (the code of the G 1, 2, 4, 8 builds timed on the H200);
+// otherwise the group comes from the launch (a smaller group masked, a larger one chunked).
+template <typename T, int D, int G, int MODE, bool HEAD_MAJOR, bool EXACT, int NT = EST_THREADS>
 QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                               const int* __restrict__ indptr, const int* __restrict__ indices,
                               float* __restrict__ scores, int batch, int kv_heads, int nnz,
-                              int first, int step, int end) {
-  constexpr int LANES = D / VEC, GROUPS = NT / LANES, TILE = est_tile_units<D, NT>();
+                              int group, int first, int step, int end) {
+  constexpr int LANES = row_lanes(D), GROUPS = NT / LANES, TILE = est_tile_units<D, NT>();
   const int c = threadIdx.x % LANES;
   const Walk<HEAD_MAJOR> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
   const Stride within = walk.stride(GROUPS), across = walk.stride(step * TILE);
@@ -144,7 +172,8 @@ QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const uint16_t* __
   auto advance = [&](const Box (&cur)[EST_UNROLL], Box (&nxt)[EST_UNROLL]) {
     load_boxes<D>(summ, walk, within, page, ahead, c, nxt);
     load_pages(indices, walk, within, ahead2, page);
-    score_batch<T, D, G, MODE>(q, indptr, scores, batch, walk, within, cur, now, c, req);
+    score_batch<T, D, G, MODE, EXACT>(q, indptr, scores, batch, walk, within, cur, now, c, req,
+                                      group);
     now = ahead;
     ahead = ahead2;
     ahead2 = walk.next(ahead2, across);

@@ -10,7 +10,7 @@
 // adds, per row (request b, KV head h), the units it scored to done[h * B + b];
 // the block whose addition completes a row selects that row's pages with the top-K code of topk.cuh
 // (its EST_THREADS threads, keys in shared memory when `cached`) for each score head of the KV head
-// (G rows per-head, one in the shared modes) and leaves the count at zero for the next launch.
+// (g rows per-head, one in the shared modes) and leaves the count at zero for the next launch.
 //
 // A request without pages (a context-parallel shard can have none) has no units, so no block
 // finishes its rows: block 0 writes their empty selection first, as topk.cu does.
@@ -34,22 +34,24 @@ __global__ void __launch_bounds__(EST_THREADS, EST_BLOCKS_PER_SM[group_index(G)]
 estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                      const int* __restrict__ indptr, const int* __restrict__ indices,
                      float* __restrict__ scores, int* __restrict__ sel, int* __restrict__ count,
-                     int* __restrict__ done, int batch, int kv_heads, int nnz, int k_pages,
-                     int sinks, int window, int cached) {
+                     int* __restrict__ done, int batch, int kv_heads, int nnz, int group,
+                     int k_pages, int sinks, int window, int cached) {
   extern __shared__ uint4 dyn[];
   __shared__ TopkShared sh;
   constexpr int NT = EST_THREADS, TILE = est_tile_units<D, NT>();
-  constexpr int ROWS_PER_KV = MODE == PER_HEAD ? G : 1;
   __shared__ int finished[NT], n_finished;
   grid_wait();  // the grid before may still write q or the summaries
   grid_release();
-  if (blockIdx.x == 0) empty_requests(indptr, sel, count, batch, kv_heads * ROWS_PER_KV, k_pages);
+  const int rows_per_kv = MODE == PER_HEAD ? group : 1;  // score rows of a KV head
+  if (blockIdx.x == 0) empty_requests(indptr, sel, count, batch, kv_heads * rows_per_kv, k_pages);
   const int units = nnz * kv_heads, tiles = (units + TILE - 1) / TILE;
   const int per_block = (tiles + gridDim.x - 1) / gridDim.x;
   const int first = blockIdx.x * per_block, end = min(first + per_block, tiles);
   if (first < end)
-    estimate_tiles<T, D, G, MODE, true, NT>(q, summ, indptr, indices, scores, batch, kv_heads,
-                                            nnz, first, 1, end);
+    // One build per tile: groups on tiles of 4 and more take the general (masked) scoring, the
+    // same arithmetic as estimate.cu's, so the same bits.
+    estimate_tiles<T, D, G, MODE, true, G <= 2, NT>(q, summ, indptr, indices, scores, batch,
+                                                    kv_heads, nnz, group, first, 1, end);
   // Thread j counts tiles first + j, first + j + NT, ..., one row segment of a tile per pass,
   // so a pass finishes at most NT rows.
   int t = first + threadIdx.x, u = t * TILE, stop = min(u + TILE, units);
@@ -80,8 +82,8 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
         done[row] = 0;
         if (h == 0) count[b] = min(k_pages, pages);
       }
-      for (int r = 0; r < ROWS_PER_KV; ++r) {
-        const int s = h * ROWS_PER_KV + r;
+      for (int r = 0; r < rows_per_kv; ++r) {
+        const int s = h * rows_per_kv + r;
         select_row<NT>(scores + (size_t)s * nnz + row_first,
                        cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages, sinks,
                        window, sel + ((size_t)s * batch + b) * k_pages, sh);
@@ -93,11 +95,15 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
-#define QP_ESTK(T, D, G, M) template __global__ void estimate_topk_kernel<T, D, G, M>( \
-    const uint16_t*, const uint16_t*, const int*, const int*, float*, int*, int*, int*, int, int, \
-    int, int, int, int, int);
-#define QP_ESTK_G(T, D, M) QP_ESTK(T, D, 1, M) QP_ESTK(T, D, 2, M) QP_ESTK(T, D, 4, M) \
-    QP_ESTK(T, D, 8, M)
-#define QP_ESTK_M(T, D) QP_ESTK_G(T, D, 0) QP_ESTK_G(T, D, 1) QP_ESTK_G(T, D, 2)
-QP_ESTK_M(fp16, 64) QP_ESTK_M(fp16, 128) QP_ESTK_M(bf16, 64) QP_ESTK_M(bf16, 128)
+#include "instantiate.cuh"
+namespace qp_instantiate {
+struct EstimateTopk {
+  template <int T, int D, int G, int M> static void run() {
+    if constexpr (builds_head_dim(D)) (void)&estimate_topk_kernel<Tag<T>, D, G, M>;
+  }
+};
+void estimate_topk_all() {
+  Cross<EstimateTopk>::run<DTYPES, QP_FUSED_HEAD_DIMS, QP_GROUPS, MODES>();
+}
+}  // namespace qp_instantiate
 #endif

@@ -40,8 +40,13 @@ summary_kernel(const uint16_t* __restrict__ k, uint16_t* __restrict__ summ,
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
-template __global__ void summary_kernel<fp16, 64>(const uint16_t*, uint16_t*, const int*, const int*, const int*, int, int);
-template __global__ void summary_kernel<fp16, 128>(const uint16_t*, uint16_t*, const int*, const int*, const int*, int, int);
-template __global__ void summary_kernel<bf16, 64>(const uint16_t*, uint16_t*, const int*, const int*, const int*, int, int);
-template __global__ void summary_kernel<bf16, 128>(const uint16_t*, uint16_t*, const int*, const int*, const int*, int, int);
+#include "instantiate.cuh"
+namespace qp_instantiate {
+struct Summary {
+  template <int T, int D> static void run() {
+    if constexpr (builds_head_dim(D)) (void)&summary_kernel<Tag<T>, D>;
+  }
+};
+void summary_all() { Cross<Summary>::run<DTYPES, QP_HEAD_DIMS>(); }
+}  // namespace qp_instantiate
 #endif

@@ -72,11 +72,12 @@ def test_additive_range_matches_python_range(start, span, step):
 
 
 def test_page_size_validation():
-    for s in (8, 16, 32, 64):
+    for s in (8, 16, 32, 64, 128):
         assert config.validate_page_size(s) == s
     message = one_line_error(config.validate_page_size, 12)
-    assert message == "page size 12 is not supported: expected a power of two among 8, 16, 32, 64"
-    for bad in (0, 4, 128, 24):
+    assert message == ("page size 12 is not supported: expected a power of two among "
+                       "8, 16, 32, 64, 128")
+    for bad in (0, 4, 256, 24):
         one_line_error(config.validate_page_size, bad)
 
 
@@ -90,7 +91,9 @@ def test_budget_validation():
 
 @pytest.mark.parametrize("changes, needle", [
     ({"kv_heads": 3}, "kv_heads"),
-    ({"head_dim": 96}, "head_dim"),
+    ({"head_dim": 112}, "head_dim 112 is not supported: the kernels take 64, 80, 96, 128, 192, "
+                        "256 (nearest: 96)"),
+    ({"head_dim": 512}, "(nearest: 256)"),
     ({"dtype": "fp8"}, "dtype"),
     ({"layers": "32"}, "layers"),
     ({"dense_layers": 40}, "dense_layers"),
@@ -98,6 +101,14 @@ def test_budget_validation():
 def test_model_shape_validation(changes, needle):
     fields = dict(name="m", layers=32, q_heads=32, kv_heads=8, head_dim=128, dtype="bf16")
     assert needle in one_line_error(ModelShape, **{**fields, **changes})
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,head_dim", [(28, 4, 128), (32, 32, 96), (16, 8, 256),
+                                                      (9, 3, 64), (71, 1, 64), (128, 8, 80)])
+def test_model_shapes_of_every_group_and_head_dim(q_heads, kv_heads, head_dim):
+    """Groups 7, 1, 2, 3, 71 (multi-query), 16 and head dims 80-256 are kernel shapes now."""
+    shape = ModelShape("m", 2, q_heads, kv_heads, head_dim, "bf16")
+    assert shape.group == q_heads // kv_heads
 
 
 def test_config_validates_its_point():

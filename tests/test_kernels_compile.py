@@ -4,7 +4,9 @@ launcher's constants are the kernels' own (CI, no GPU)."""
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -12,10 +14,14 @@ import subprocess
 import pytest
 
 from questprof import KERNELS_DIR, ROOT
-from questprof.backends import constants
+from questprof.backends import constants, variants
 
 SOURCES = sorted(p.name for p in KERNELS_DIR.glob("*.cu"))
 CUPY_BACKEND = ROOT / "questprof" / "backends" / "cupy.py"
+LAUNCHER = (CUPY_BACKEND, ROOT / "questprof" / "backends" / "variants.py")
+# Sources whose variants come from kernels/instantiate.cuh build one head dim per nvcc process
+# (QP_INSTANTIATE_HEAD_DIM), the processes spread over the CPUs: the same variants, each once.
+SPLIT = {s for s in SOURCES if "instantiate.cuh" in (KERNELS_DIR / s).read_text(encoding="utf-8")}
 
 
 def _nvcc() -> str:
@@ -27,18 +33,24 @@ def _nvcc() -> str:
 
 @pytest.fixture(scope="session")
 def objects(tmp_path_factory):
-    """Each source compiled once with QP_INSTANTIATE_ALL: name -> (CompletedProcess, object)."""
-    out, built = tmp_path_factory.mktemp("kernels"), {}
+    """Every source compiled with QP_INSTANTIATE_ALL (split by head dim where it can be, all parts
+    at once over the CPUs): name -> [(CompletedProcess, object, command), ...]."""
+    out, nvcc = tmp_path_factory.mktemp("kernels"), _nvcc()
 
-    def build(source: str):
-        if source not in built:
-            obj = out / f"{source}.o"
-            cmd = [_nvcc(), "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}",
-                   "-DQP_INSTANTIATE_ALL", "-Werror", "all-warnings", "-c",
-                   str(KERNELS_DIR / source), "-o", str(obj)]
-            built[source] = (subprocess.run(cmd, capture_output=True, text=True), obj, cmd)
-        return built[source]
-    return build
+    def build(part: tuple[str, int]):
+        source, dim = part
+        obj = out / f"{source}.{dim}.o"
+        cmd = [nvcc, "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-DQP_INSTANTIATE_ALL",
+               f"-DQP_INSTANTIATE_HEAD_DIM={dim}", "-Werror", "all-warnings", "-c",
+               str(KERNELS_DIR / source), "-o", str(obj)]
+        return source, (subprocess.run(cmd, capture_output=True, text=True), obj, cmd)
+
+    parts = [(s, d) for s in SOURCES for d in (variants.HEAD_DIMS if s in SPLIT else (0,))]
+    built: dict[str, list] = {s: [] for s in SOURCES}
+    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        for source, result in pool.map(build, parts):
+            built[source].append(result)
+    return built.__getitem__
 
 
 def test_every_stage_has_a_kernel_file():
@@ -48,8 +60,8 @@ def test_every_stage_has_a_kernel_file():
 @pytest.mark.parametrize("source", SOURCES)
 def test_compiles_for_sm90(source, objects):
     """QP_INSTANTIATE_ALL instantiates every variant, so real code is compiled, not only parsed."""
-    result, _, cmd = objects(source)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
+    for result, _, cmd in objects(source):
+        assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
 
 
 def test_late_release_build_compiles(tmp_path):
@@ -126,46 +138,75 @@ def _module_assignments(path) -> dict[str, ast.expr]:
 
 
 def test_cupy_backend_holds_no_copy_of_a_kernel_constant():
-    """backends/cupy.py takes every constant of constants.cuh from backends/constants.py: no
-    module-level name of it is bound to a literal, and no per-G table is written out again."""
-    assigned = _module_assignments(CUPY_BACKEND)
+    """The launcher (backends/cupy.py, backends/variants.py) takes every constant of
+    constants.cuh from backends/constants.py: no module-level name of it is bound to a literal,
+    and no per-G table is written out again."""
     mirrored = set(constants.load()) | {"GROUPS", "HEAD_DIMS", "PAGE_SIZES"}
-    for name, value in assigned.items():
-        literals = [n for n in ast.walk(value) if isinstance(n, ast.Constant)
-                    and isinstance(n.value, int) and not isinstance(n.value, bool)]
-        if name in mirrored:
-            assert not literals, f"cupy.py binds {name} to a literal: read it from constants.cuh"
-    for gone in ("ATT_PIPE", "EST_BLOCKS_PER_SM"):
-        assert gone not in assigned, f"cupy.py still defines {gone}"
-    text = CUPY_BACKEND.read_text(encoding="utf-8")
+    for path in LAUNCHER:
+        assigned = _module_assignments(path)
+        for name, value in assigned.items():
+            literals = [n for n in ast.walk(value) if isinstance(n, ast.Constant)
+                        and isinstance(n.value, int) and not isinstance(n.value, bool)]
+            if name in mirrored:
+                assert not literals, f"{path.name} binds {name} to a literal: read constants.cuh"
+        for gone in ("ATT_PIPE", "EST_BLOCKS_PER_SM"):
+            assert gone not in assigned, f"{path.name} still defines {gone}"
+    text = "".join(p.read_text(encoding="utf-8") for p in LAUNCHER)
     for name in ("EST_THREADS", "TK_THREADS", "ATT_WARPS", "ATT_LOADS", "ATT_STAGES",
-                 "EST_BLOCKS_PER_SM"):
-        assert name in text, f"cupy.py no longer uses {name}"
+                 "EST_BLOCKS_PER_SM", "QP_MEASURED_HEAD_DIMS", "QP_MEASURED_GROUPS"):
+        assert name in text, f"the launcher no longer uses {name}"
 
 
-def _instances(obj, kernel: str) -> set[tuple[str, ...]]:
-    """Template arguments of every instance of `kernel` in an object file (mangled names)."""
+def _instances(parts, kernel: str) -> set[tuple[str, ...]]:
+    """Template arguments of every instance of `kernel` in a source's objects (mangled names)."""
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) is not on PATH")
-    symbols = subprocess.run([nm, str(obj)], capture_output=True, text=True, check=True).stdout
-    pattern = re.compile(rf"_Z\d+{kernel}I4(fp16|bf16)((?:Li\d+E)+)")
-    return {(m.group(1), *re.findall(r"Li(\d+)E", m.group(2))) for m in pattern.finditer(symbols)}
+    pattern = re.compile(rf"_Z\d+{kernel}I4(fp16|bf16)((?:L[ib]\d+E)+)")
+    found = set()
+    for result, obj, _ in parts:
+        assert result.returncode == 0, result.stderr
+        symbols = subprocess.run([nm, str(obj)], capture_output=True, text=True, check=True).stdout
+        found |= {(m.group(1), *map(int, re.findall(r"L[ib](\d+)E", m.group(2))))
+                  for m in pattern.finditer(symbols)}
+    return found
 
 
 def test_instantiated_variants_are_the_constants(objects):
-    """The variants CI builds (QP_INSTANTIATE_ALL) are exactly those the launcher may ask for."""
-    consts = constants.load()
-    dims, pages, groups = (tuple(str(x) for x in consts[n])
-                           for n in ("QP_HEAD_DIMS", "QP_PAGE_SIZES", "QP_GROUPS"))
-    result, obj, _ = objects("attention.cu")
-    assert result.returncode == 0, result.stderr
-    want = set(itertools.product(("fp16", "bf16"), dims, pages, groups))
-    assert _instances(obj, "attention_kernel") == want
-    result, obj, _ = objects("estimate.cu")
-    assert result.returncode == 0, result.stderr
-    want = set(itertools.product(("fp16", "bf16"), dims, groups, ("0", "1", "2")))
-    assert _instances(obj, "estimate_kernel") == want
-    result, obj, _ = objects("estimate_topk.cu")
-    assert result.returncode == 0, result.stderr
-    assert _instances(obj, "estimate_topk_kernel") == want
+    """The variants CI builds (QP_INSTANTIATE_ALL) are exactly those the launcher may ask for:
+    attention with a page-size argument for the measured variants and S 0 for the others."""
+    dtypes, dims, groups = ("fp16", "bf16"), variants.HEAD_DIMS, variants.GROUPS
+    want = {(t, d, variants.page_template(d, g, s), g)
+            for t, d, g, s in itertools.product(dtypes, dims, groups, variants.PAGE_SIZES)}
+    assert _instances(objects("attention.cu"), "attention_kernel") == want
+    assert {x for x in want if x[2] == 0} and {x for x in want if x[2] == 64}
+    want = set(itertools.product(dtypes, dims, groups, (0, 1, 2)))
+    exact = {(t, d, g, m, 1) for t, d, g, m in want if variants.estimate_exact(d, g)}
+    exact |= {(t, d, g, m, 0) for t, d, g, m in want if g > 2}  # Lb1E / Lb0E
+    assert _instances(objects("estimate.cu"), "estimate_kernel") == exact
+    fused = {x for x in want if x[1] in variants.FUSED_HEAD_DIMS}
+    assert _instances(objects("estimate_topk.cu"), "estimate_topk_kernel") == fused
+    assert _instances(objects("summary.cu"), "summary_kernel") == set(
+        itertools.product(dtypes, dims))
+
+
+def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
+    """variants.ring_bytes / tile_tokens (the launcher's) equal attention_tile.cuh's own numbers
+    for every head dim and tile, printed by a host program nvcc builds; each ring fits 2 CTAs
+    per SM on an H200 (227 KiB per CTA at most, 228 KiB per SM)."""
+    pairs = list(itertools.product(variants.HEAD_DIMS, variants.GROUPS))
+    lines = [f'std::printf("%d %d %d %d\\n", {d}, {g}, attention_ring_bytes<{d}, {g}>(), '
+             f'Tile<fp16, {d}, {g}>::TT);' for d, g in pairs]
+    src = tmp_path / "ring.cu"
+    src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
+                   + "\n".join(lines) + "\n}\n")
+    exe = tmp_path / "ring"
+    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
+    got = {(d, g): (ring, tt) for d, g, ring, tt in
+           (map(int, line.split()) for line in run.stdout.splitlines())}
+    assert got == {(d, g): (variants.ring_bytes(d, g), variants.tile_tokens(d, g))
+                   for d, g in pairs}
+    assert max(ring for ring, _ in got.values()) <= 96 * 1024

@@ -18,7 +18,7 @@ import cupy
 import numpy as np
 
 from questprof import KERNELS_DIR
-from questprof.backends import constants
+from questprof.backends import constants, variants
 from questprof.backends.pdl import Launcher, PlainLaunch
 from questprof.core.layout import AppendPlan, PagedKV, storage_dtype
 from questprof.core.reference import reserved_positions
@@ -26,10 +26,8 @@ from questprof.core.stages import MODES, check_mode
 
 _C = constants.load()
 _TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common.cuh
-GROUPS = _C["QP_GROUPS"]  # q heads per CTA the kernels are instantiated for
-HEAD_DIMS = _C["QP_HEAD_DIMS"]
-PAGE_SIZES = _C["QP_PAGE_SIZES"]
-EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
+GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
+EST_THREADS = _C["EST_THREADS"]
 TK_THREADS = _C["TK_THREADS"]
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
@@ -82,9 +80,9 @@ def _tag(dtype: str) -> str:
 
 def _check_kv(kv: PagedKV) -> None:
     _tag(kv.dtype)
-    if kv.head_dim not in HEAD_DIMS or kv.page_size not in PAGE_SIZES:
-        raise ValueError(f"head_dim {kv.head_dim} / page size {kv.page_size} not built: "
-                         f"expected head_dim in {HEAD_DIMS}, page size in {PAGE_SIZES}")
+    problem = variants.shape_problem(kv.head_dim, kv.page_size)
+    if problem:
+        raise ValueError(problem)
     want = storage_dtype(kv.dtype)
     for name in ("k", "v", "summary"):
         arr = getattr(kv, name)
@@ -107,12 +105,6 @@ def _check_q(q, kv: PagedKV) -> tuple[int, int]:
     return q_heads, q_heads // kv.kv_heads
 
 
-def _group(g: int) -> int:
-    if g not in GROUPS:
-        raise ValueError(f"{g} q heads per KV head is not built: expected one of {GROUPS}")
-    return g
-
-
 def _device_int32(x):
     return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
 
@@ -133,8 +125,8 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
 
 def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
     """Blocks of the persistent estimate: at most one resident wave (>= 1 for nnz 0)."""
-    tiles = -(-nnz * kv.kv_heads // (EST_UNROLL * EST_THREADS // (kv.head_dim // 8)))
-    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", _group(g))
+    tiles = variants.estimate_tiles(kv.head_dim, nnz * kv.kv_heads)
+    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", variants.plan_group(g).tile)
     return max(1, min(tiles, blocks_per_sm * _sm_count()))
 
 
@@ -146,11 +138,12 @@ def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     nnz, d = int(kv.kv_indices.size), kv.head_dim
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
+    tile, exact = variants.plan_group(g).tile, str(variants.estimate_exact(d, g)).lower()
+    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {tile}, {MODES.index(mode)}, {exact}>"
     launch(load_kernel("estimate", expr, launch.defines("estimate")),
            (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz)), stage="estimate")
+        _i32(nnz), _i32(g)), stage="estimate")
     return scores
 
 
@@ -189,19 +182,23 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
     _check_budget(k_pages, sinks, window)
     q_heads, g = _check_q(q, kv)
     nnz, d, batch = int(kv.kv_indices.size), kv.head_dim, kv.batch
+    if d not in variants.FUSED_HEAD_DIMS:
+        raise ValueError(f"estimate_topk is built for head dims {variants.FUSED_HEAD_DIMS}, not "
+                         f"{d}: quest(fused=False) runs it as three kernels")
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty(batch, dtype=cupy.int32)
     smem = max(kv.pages()) * 4
     cached = smem <= FUSED_KEYS_LIMIT
-    expr = f"estimate_topk_kernel<{_tag(kv.dtype)}, {d}, {g}, {MODES.index(mode)}>"
+    tile = variants.plan_group(g).tile
+    expr = f"estimate_topk_kernel<{_tag(kv.dtype)}, {d}, {tile}, {MODES.index(mode)}>"
     kernel = load_kernel("estimate_topk", expr, launch.defines("estimate_topk"))
     kernel.max_dynamic_shared_size_bytes = smem if cached else 0
     launch(kernel, (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, sel, count,
         _counts("rows_scored", kv.kv_heads * batch), _i32(batch), _i32(kv.kv_heads), _i32(nnz),
-        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)),
+        _i32(g), _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)),
         shared_mem=smem if cached else 0, stage="estimate_topk")
     return scores, sel, count
 
@@ -216,10 +213,12 @@ def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tupl
     return -(-row_pages // per_split), per_split
 
 
-def _rows(q_heads: int, g: int, kv: PagedKV, sel, count) -> tuple[int, int, int]:
-    """(G q heads per CTA, pages of the longest row, K) for dense (sel None) or a selection."""
+def _rows(q_heads: int, g: int, kv: PagedKV, sel, count):
+    """(GroupPlan of a CTA row, sel_per_q, pages of the longest row, K) for dense (sel None) or a
+    selection: one page list per KV head (dense, shared modes) serves the whole group on tiles;
+    one per q head (per-head, g > 1) gives each q head its own row (tile 1)."""
     if sel is None:
-        return g, max(kv.pages()), 1
+        return variants.plan_group(g), 0, max(kv.pages()), 1
     if sel.ndim != 3 or sel.shape[1] != kv.batch or sel.dtype != cupy.int32:
         raise ValueError(f"sel must be int32 [Hs, {kv.batch}, K], got {sel.dtype} {sel.shape}")
     heads, k_sel = int(sel.shape[0]), int(sel.shape[2])
@@ -227,7 +226,9 @@ def _rows(q_heads: int, g: int, kv: PagedKV, sel, count) -> tuple[int, int, int]
         raise ValueError(f"sel has {heads} heads: expected q_heads {q_heads} or kv_heads {kv.kv_heads}")
     if count is None or count.shape not in ((kv.batch,), (heads, kv.batch)) or count.dtype != cupy.int32:
         raise ValueError(f"count must be int32 [{kv.batch}] or [{heads}, {kv.batch}]")
-    return q_heads // heads, min(k_sel, max(kv.pages())), k_sel
+    per_q = heads == q_heads and g > 1
+    plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
+    return plan, int(per_q), min(k_sel, max(kv.pages())), k_sel
 
 
 def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
@@ -237,12 +238,11 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     """
     _check_kv(kv)
     q_heads, g = _check_q(q, kv)
-    G, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
-    d, tag = kv.head_dim, _tag(kv.dtype)
-    rows = kv.batch * (q_heads // _group(G))
-    loads, stages = (constants.per_group(name, G) for name in ("ATT_LOADS", "ATT_STAGES"))
-    splits, per_split = _splits(rows, max(row_pages, 1), kv.page_size, loads * (32 // (d // 8)))
-    ring = ATT_WARPS * stages * 2 * loads * 32 * 16  # bytes of the warps' cp.async rings
+    plan, per_q, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
+    d, tag, G, s = kv.head_dim, _tag(kv.dtype), plan.tile, kv.page_size
+    rows = kv.batch * kv.kv_heads * plan.chunks
+    splits, per_split = _splits(rows, max(row_pages, 1), s, variants.tile_tokens(d, G))
+    ring = variants.ring_bytes(d, G)
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
     ws_o = ws_lse = row_done = _NULL
@@ -250,16 +250,16 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
-    kernel = load_kernel("attention", f"attention_kernel<{tag}, {d}, {kv.page_size}, {G}>",
-                         launch.defines("attention"))
+    expr = f"attention_kernel<{tag}, {d}, {variants.page_template(d, G, s)}, {G}>"
+    kernel = load_kernel("attention", expr, launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
     launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
         q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
-        _i32(q_heads), _i32(kv.kv_heads), _i32(q_heads // G), _i32(k_sel),
-        _i32(sel is not None and count.ndim == 2), _i32(per_split),
-        np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o, ws_lse, row_done),
-        shared_mem=ring, stage="attention")
+        _i32(q_heads), _i32(kv.kv_heads), _i32(plan.chunks), _i32(plan.chunk_size), _i32(per_q),
+        _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
+        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
+        ws_lse, row_done), shared_mem=ring, stage="attention")
     return out, lse
 
 

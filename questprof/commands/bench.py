@@ -79,7 +79,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
-    if hasattr(backend, "fused"):  # the other form of our step: estimate and top-K fused or not
+    if hasattr(backend, "fused") and _fused_built(cfg):  # the other form of our step
         other = not backend.fused
         rows.append(_row(cfg, "quest", FUSED if other else THREE_KERNELS, time(
             lambda l: backend.quest(work.q, work.kvs[l], cfg.k_pages, cfg.mode, fused=other)),
@@ -124,6 +124,13 @@ def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
         rows.append({**_row(cfg, stage, fi.IMPL, timing, work.work(stage), ceiling, layers,
                             backend), "pipeline": peer.pipeline(stage)})
     return rows
+
+
+def _fused_built(cfg: Config) -> bool:
+    """estimate_topk (the fused form) is built for this head dim (kernels/constants.cuh)."""
+    from questprof.backends.variants import FUSED_HEAD_DIMS
+
+    return cfg.model.head_dim in FUSED_HEAD_DIMS
 
 
 def add_speedups(rows: list[dict]) -> None:

@@ -96,11 +96,11 @@ def check_shape(shape, backend) -> None:
     """A model shape the GPU kernels are not built for is one clear line, before any work."""
     if not backend.is_gpu:
         return
-    from questprof.backends.cupy import GROUPS  # head_dim: ModelShape checks it already
+    from questprof.backends.variants import shape_problem  # any group: tiles and chunks
 
-    if shape.group not in GROUPS:
-        raise ConfigError(f"model {shape.name}: {shape.group} q heads per KV head; the kernels "
-                          f"are built for {', '.join(map(str, GROUPS))} (--backend numpy runs it)")
+    problem = shape_problem(shape.head_dim)
+    if problem:
+        raise ConfigError(f"model {shape.name}: {problem} (--backend numpy runs it)")
 
 
 def check_extras(args: SweepArgs, backend) -> None:

@@ -18,8 +18,11 @@ from questprof.core.fp8 import E4M3
 from questprof.core.layout import KV_SCALES, check_cache_dtypes
 from questprof.core.stages import MODES
 
-PAGE_SIZES = (8, 16, 32, 64)  # the page sizes the kernels are built for
-HEAD_DIMS = (64, 128)
+# The page sizes and head dims the kernels are built for (kernels/constants.cuh's QP_PAGE_SIZES and
+# QP_HEAD_DIMS; tests/test_variants.py keeps them equal). Any group q_heads / kv_heads runs: groups
+# up to 16 on tiles, larger ones (multi-query) in chunks of at most 16 q heads.
+PAGE_SIZES = (8, 16, 32, 64, 128)
+HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 KV_DTYPES = (*DTYPES, E4M3)  # of the cache; "fp8" is read as fp8_e4m3
 DTYPE_ALIASES = {"fp8": E4M3, "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -142,8 +145,10 @@ class ModelShape:
             raise ConfigError(f"model {self.name}: q_heads {self.q_heads} is not a multiple "
                               f"of kv_heads {self.kv_heads}")
         if self.head_dim not in HEAD_DIMS:
+            near = min(HEAD_DIMS, key=lambda d: (abs(d - self.head_dim), d))
             raise ConfigError(f"model {self.name}: head_dim {self.head_dim} is not supported: "
-                              f"expected one of {', '.join(map(str, HEAD_DIMS))}")
+                              f"the kernels take {', '.join(map(str, HEAD_DIMS))} "
+                              f"(nearest: {near})")
         if self.dtype not in DTYPES:
             raise ConfigError(f"model {self.name}: dtype {self.dtype!r} is not supported: "
                               f"expected one of {', '.join(DTYPES)}")

@@ -68,38 +68,10 @@ class PageIndex:
     def scores(self, q, mode: str):
         """U_p(q) [Hs, P] float32 on the backend for q [Hq, d] (Hs = Hq per-head, else Hkv)."""
         q = self.backend.asarray(to_storage(np.asarray(q, np.float32)[None], self.dtype))
-        group = q.shape[1] // self.kv.summary.shape[1]
-        if group in _built_groups(self.backend):
-            return self.backend.estimate(q, self.kv, mode)
-        return _scores_one_head_per_box(self.backend, q, self.kv, group, mode)
+        return self.backend.estimate(q, self.kv, mode)
 
     def select(self, scores, k_pages: int) -> tuple[np.ndarray, int]:
         """(page positions [Hs, K] ascending, count): the backend's top-K, tail page included."""
         sel, count = self.backend.topk(scores, self.kv, k_pages)
         return self.backend.to_host(sel)[:, 0, :], int(self.backend.to_host(count)[0])
 
-
-def _built_groups(backend) -> tuple[int, ...] | range:
-    """q heads per KV head the backend's estimate handles (every group on the NumPy reference)."""
-    if not backend.is_gpu:
-        return range(1, 1 << 16)
-    from questprof.backends.cupy import GROUPS
-
-    return GROUPS
-
-
-def _scores_one_head_per_box(backend, q, kv, group: int, mode: str):
-    """U_p for a group the kernels are not built for (SmolLM2: 3 q heads per KV head): each KV
-    head's boxes repeated once per q head of its group, scored per head by the same kernel (a
-    group of 1), then reduced over the group for the shared modes."""
-    import dataclasses
-
-    xp = __import__("cupy")
-    wide = dataclasses.replace(kv, k=xp.repeat(kv.k, group, axis=1),
-                               v=xp.repeat(kv.v, group, axis=1),
-                               summary=xp.repeat(kv.summary, group, axis=1))
-    u = backend.estimate(q, wide, "per-head")
-    if mode == "per-head":
-        return u
-    u = u.reshape(kv.summary.shape[1], group, -1)
-    return u.max(axis=1) if mode == "shared-max" else u.mean(axis=1)

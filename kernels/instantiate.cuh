@@ -1,0 +1,49 @@
+// Every variant the launcher may ask for, built from the tables of constants.cuh (CI compiles
+// each kernels/*.cu with QP_INSTANTIATE_ALL; tests/test_kernels_compile.py checks that the
+// instances in the object are exactly those the tables name). No list of variants is written out:
+// a new head dim, tile or page size is a row in constants.cuh.
+//
+// Cross<F>::run<A, B, ...>() calls F::run<a, b, ...>() for every a of array A, b of B, ...;
+// F::run takes the address of its kernel instance, which makes nvcc build it.
+// QP_INSTANTIATE_HEAD_DIM=d keeps head dim d only, so CI can build the head dims in parallel.
+#pragma once
+#include "common.cuh"
+
+#ifndef QP_INSTANTIATE_HEAD_DIM
+#define QP_INSTANTIATE_HEAD_DIM 0  // every head dim
+#endif
+
+namespace qp_instantiate {
+
+enum { FP16 = 0, BF16 = 1 };
+constexpr int DTYPES[] = {FP16, BF16};  // storage tags of common.cuh, by number
+constexpr int MODES[] = {0, 1, 2};      // estimate.cuh: per-head, shared-max, shared-mean
+
+template <int CODE> struct TagOf;
+template <> struct TagOf<FP16> { using type = fp16; };
+template <> struct TagOf<BF16> { using type = bf16; };
+template <int CODE> using Tag = typename TagOf<CODE>::type;
+
+constexpr bool builds_head_dim(int d) {
+  return QP_INSTANTIATE_HEAD_DIM == 0 || d == QP_INSTANTIATE_HEAD_DIM;
+}
+
+template <int... I> struct Seq {};
+template <int N, int... I> struct MakeSeq : MakeSeq<N - 1, N - 1, I...> {};
+template <int... I> struct MakeSeq<0, I...> { using type = Seq<I...>; };
+template <int N> constexpr int size_of(const int (&)[N]) { return N; }
+
+template <class F, int... Fixed>
+struct Cross {
+  template <const auto&... Arrays>
+  static void run() {
+    if constexpr (sizeof...(Arrays) == 0) F::template run<Fixed...>();
+    else first<Arrays...>(typename MakeSeq<size_of(head<Arrays...>())>::type{});
+  }
+  template <const auto& A, const auto&... Rest>
+  static constexpr const auto& head() { return A; }
+  template <const auto& A, const auto&... Rest, int... I>
+  static void first(Seq<I...>) { (Cross<F, Fixed..., A[I]>::template run<Rest...>(), ...); }
+};
+
+}  // namespace qp_instantiate

@@ -1,0 +1,127 @@
+"""Every kernel shape (issue 24) on the GPU against the float64 reference: every group of 1 to 16
+q heads per KV head and a multi-query one (71 over 1), every head dim 64 to 256, page sizes 8 and
+128, fp16 and bf16. Ragged batches with tails of 1, S-1, S and S+1 tokens and NaN in the unused
+tail slots, outputs poisoned before each launch; the Quest step equals its stages composed bit
+for bit, and top-K selects exactly the reference's pages of the kernel's own scores.
+
+Each variant compiles on first use (NVRTC): the cases cover every value of every axis rather
+than their product, so the file runs in a few minutes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import TOL, full_plan, make_case, poison, rel_err
+from questprof.core import reference
+from questprof.core.layout import from_storage, random_paged_kv, random_queries
+from questprof.core.stages import MODES
+
+pytestmark = pytest.mark.gpu
+
+
+def _case(rng, q_heads, kv_heads, d, s, dtype):
+    """One-token request, tails S-1, S (one full page), S+1, and a row long enough to split."""
+    lengths = [1, s - 1, s, s + 1, 37 * s + 3]
+    kv = make_case(rng, lengths, s, kv_heads, d, dtype, spare_pages=5, tail_fill=np.nan)
+    return kv, random_queries(rng, len(lengths), q_heads, d, dtype)
+
+
+def _reference_attention(kv, q, sel=None, count=None):
+    f = lambda x: from_storage(x, kv.dtype)  # noqa: E731
+    return reference.attention(f(q), f(kv.k), f(kv.v), kv.kv_indptr, kv.kv_indices,
+                               kv.last_page_len, sel, count)
+
+
+def _check_step(gpu, kv, q, k_pages, mode):
+    """quest() = estimate, topk, attention composed (bits); each stage = the reference."""
+    dev_kv, dev_q, host = gpu.put(kv), gpu.asarray(q), gpu.to_host
+    poison()
+    out, lse = gpu.quest(dev_q, dev_kv, k_pages, mode)
+    poison()
+    scores = gpu.estimate(dev_q, dev_kv, mode)
+    sel, count = gpu.topk(scores, dev_kv, k_pages)
+    c_out, c_lse = gpu.attention(dev_q, dev_kv, sel, count)
+    np.testing.assert_array_equal(host(out), host(c_out))
+    np.testing.assert_array_equal(host(lse), host(c_lse))
+    f = lambda x: from_storage(x, kv.dtype)  # noqa: E731
+    want = reference.estimate(f(q), f(kv.summary), kv.kv_indptr, kv.kv_indices, mode)
+    assert rel_err(host(scores), want) < 1e-5
+    want_sel, want_count = reference.topk(host(scores), kv.kv_indptr, k_pages)
+    np.testing.assert_array_equal(host(sel), want_sel)
+    np.testing.assert_array_equal(host(count), want_count)
+    want_out, want_lse = _reference_attention(kv, q, want_sel, want_count)
+    assert rel_err(from_storage(host(out), kv.dtype), want_out) < TOL[kv.dtype]
+    assert rel_err(host(lse), want_lse) < 1e-5
+
+
+def _check_dense(gpu, kv, q):
+    poison()
+    out, lse = gpu.attention(gpu.asarray(q), gpu.put(kv))
+    want_out, want_lse = _reference_attention(kv, q)
+    assert rel_err(from_storage(gpu.to_host(out), kv.dtype), want_out) < TOL[kv.dtype]
+    assert rel_err(gpu.to_host(lse), want_lse) < 1e-5
+
+
+GROUPS = [*range(1, 17), 71]  # 71: Falcon-7B's multi-query group, 5 chunks of 15 and 11
+
+
+@pytest.mark.parametrize("g", GROUPS)
+def test_every_group(gpu, rng, g):
+    """Tiles 1-16 exact and masked (3 on 4, 5-7 on 8, 9-15 on 16), 71 in chunks; every mode."""
+    kv_heads = 1 if g > 16 else 2
+    kv, q = _case(rng, g * kv_heads, kv_heads, 128, 16, "bf16" if g in (3, 12) else "fp16")
+    _check_dense(gpu, kv, q)
+    for mode in MODES:
+        _check_step(gpu, kv, q, 5, mode)
+
+
+# (head dim, page size, group, dtype): every head dim at pages 8 and 128, groups and dtypes
+# rotating (Phi-3-mini: MHA d 96; Gemma-2-9B: 2 per KV head at d 256; GPT-OSS: 8 at d 64).
+HEAD_DIMS = [(64, 8, 1, "bf16"), (64, 128, 16, "fp16"), (80, 8, 3, "fp16"), (80, 128, 2, "bf16"),
+             (96, 8, 1, "fp16"), (96, 128, 5, "bf16"), (128, 8, 6, "bf16"), (128, 128, 4, "fp16"),
+             (192, 8, 8, "bf16"), (192, 128, 1, "fp16"), (256, 8, 2, "fp16"),
+             (256, 128, 16, "bf16")]
+
+
+@pytest.mark.parametrize("d,s,g,dtype", HEAD_DIMS)
+def test_every_head_dim_and_page_size(gpu, rng, d, s, g, dtype):
+    kv, q = _case(rng, 2 * g, 2, d, s, dtype)
+    _check_dense(gpu, kv, q)
+    _check_step(gpu, kv, q, 4, "per-head")
+    _check_step(gpu, kv, q, 4, MODES[1 + HEAD_DIMS.index((d, s, g, dtype)) % 2])
+
+
+@pytest.mark.parametrize("d,s,dtype", [(64, 128, "fp16"), (80, 8, "bf16"), (96, 128, "fp16"),
+                                       (128, 128, "bf16"), (192, 8, "fp16"), (256, 8, "bf16")])
+def test_summary_every_head_dim(gpu, rng, d, s, dtype):
+    """min / max bit for bit; slots past each request's tail hold NaN and are never read."""
+    kv = random_paged_kv(rng, [1, s - 1, s, s + 1, 3 * s + 5], s, 3, d, dtype, spare_pages=4,
+                         tail_fill=np.nan)
+    plan = full_plan(kv)
+    want = reference.summary(from_storage(kv.summary, dtype), from_storage(kv.k, dtype), plan)
+    dev = gpu.put(kv)
+    poison()
+    gpu.summary(dev, plan)
+    np.testing.assert_array_equal(from_storage(gpu.to_host(dev.summary), dtype), want)
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,d,mode", [(6, 2, 80, "per-head"),
+                                                     (32, 2, 256, "shared-max"),
+                                                     (71, 1, 64, "shared-mean"),
+                                                     (71, 1, 96, "per-head"),
+                                                     (14, 2, 128, "per-head")])
+def test_estimate_topk_new_shapes(gpu, rng, q_heads, kv_heads, d, mode):
+    """The fused estimate + top-K gives the estimate kernel's scores bit for bit (masked and
+    chunked groups take the same arithmetic) and the reference's selection of them."""
+    from questprof.backends import cupy as ops
+
+    kv, q = _case(rng, q_heads, kv_heads, d, 16, "fp16")
+    dev_kv, dev_q = gpu.put(kv), gpu.asarray(q)
+    want_scores = gpu.to_host(ops.estimate(dev_q, dev_kv, mode))
+    want_sel, want_count = reference.topk(want_scores, kv.kv_indptr, 6)
+    poison()
+    scores, sel, count = (gpu.to_host(x) for x in ops.estimate_topk(dev_q, dev_kv, 6, mode))
+    np.testing.assert_array_equal(scores, want_scores)
+    np.testing.assert_array_equal(sel, want_sel)
+    np.testing.assert_array_equal(count, want_count)
