@@ -106,10 +106,10 @@ def test_summary_every_head_dim(gpu, rng, d, s, dtype):
     np.testing.assert_array_equal(from_storage(gpu.to_host(dev.summary), dtype), want)
 
 
-@pytest.mark.parametrize("q_heads,kv_heads,d,mode", [(6, 2, 80, "per-head"),
-                                                     (32, 2, 256, "shared-max"),
+@pytest.mark.parametrize("q_heads,kv_heads,d,mode", [(6, 2, 64, "per-head"),
+                                                     (32, 2, 128, "shared-max"),
                                                      (71, 1, 64, "shared-mean"),
-                                                     (71, 1, 96, "per-head"),
+                                                     (71, 1, 128, "per-head"),
                                                      (14, 2, 128, "per-head")])
 def test_estimate_topk_new_shapes(gpu, rng, q_heads, kv_heads, d, mode):
     """The fused estimate + top-K gives the estimate kernel's scores bit for bit (masked and
@@ -125,3 +125,14 @@ def test_estimate_topk_new_shapes(gpu, rng, q_heads, kv_heads, d, mode):
     np.testing.assert_array_equal(scores, want_scores)
     np.testing.assert_array_equal(sel, want_sel)
     np.testing.assert_array_equal(count, want_count)
+
+
+@pytest.mark.parametrize("d", [80, 96, 256])
+def test_estimate_topk_says_which_head_dims_it_is_built_for(gpu, rng, d):
+    """The fused form is built for QP_FUSED_HEAD_DIMS only (CI's compile time): other head dims
+    are one clear error naming the three-kernel form, never a wrong kernel."""
+    from questprof.backends import cupy as ops
+
+    kv, q = _case(rng, 6, 2, d, 16, "fp16")
+    with pytest.raises(ValueError, match="fused=False"):
+        ops.estimate_topk(gpu.asarray(q), gpu.put(kv), 6, "per-head")
