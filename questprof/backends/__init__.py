@@ -35,4 +35,16 @@ def get_backend(name: str = "auto") -> Backend:
     return CupyBackend()
 
 
-__all__ = ["Backend", "BackendUnavailable", "get_backend", "gpu_unavailable_reason"]
+def timing_backend(backend: Backend) -> Backend:
+    """The backend a sweep times: the NumPy backend's float32 path (backends/numpy_fp32.py) in
+    place of its float64 reference, whose CPU times nobody acts on; any other backend itself."""
+    if backend.is_gpu:
+        return backend
+    from questprof.backends.numpy_fp32 import NumpyFp32Backend
+    timed = NumpyFp32Backend()
+    timed.fallback_reason = backend.fallback_reason
+    return timed
+
+
+__all__ = ["Backend", "BackendUnavailable", "get_backend", "gpu_unavailable_reason",
+           "timing_backend"]
