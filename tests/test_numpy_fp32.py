@@ -206,25 +206,21 @@ def test_pools_in_lent_memory_equal_layout_tiled(rng):
                                       tiled(np, tile, shape, offset))
 
 
-def test_arena_lends_to_one_live_owner_at_a_time():
+def test_arena_lends_its_memory_only_when_nothing_made_from_it_lives():
     from questprof.backends.arena import Arena
 
-    class Owner:
-        pass
-
-    arena, first = Arena(), Owner()
-    a = arena.take(1000, first)
-    b = arena.take(500)  # `first` lives: fresh memory
+    arena = Arena()
+    a = arena.take(1000).view(np.float32).reshape(10, 25)
+    b = arena.take(500)  # a lives: fresh memory
     assert not np.shares_memory(a, b) and arena.spare() == 0
-    del first
+    del a
     assert arena.spare() == 1000
-    second = Owner()
-    c = arena.take(800)  # pending until own(): a further take gets fresh memory
-    assert np.shares_memory(a, c) and not np.shares_memory(c, arena.take(10))
-    arena.own(second, c)
-    assert arena.spare() == 0
-    del second
-    assert arena.spare() == 1000 and arena.take(2000).nbytes == 2000 and arena.spare() == 0
+    c = arena.take(800)
+    assert np.shares_memory(c, arena.buf) and not np.shares_memory(c, arena.take(10))
+    del c
+    assert arena.spare() == 1000
+    arena.take(2000)  # more than it holds: a larger buffer, free again once the view is gone
+    assert arena.spare() == 2000
 
 
 def test_workloads_one_after_another_reuse_memory_and_agree():

@@ -38,7 +38,8 @@ def get_backend(name: str = "auto") -> Backend:
 def timing_backend(backend: Backend) -> Backend:
     """The backend a sweep times: the NumPy backend's float32 path (backends/numpy_fp32.py) in
     place of its float64 reference, whose CPU times nobody acts on; any other backend itself."""
-    if backend.is_gpu:
+    from questprof.backends.numpy import NumpyBackend
+    if type(backend) is not NumpyBackend:  # the GPU, the fp32 path itself, a test's double
         return backend
     from questprof.backends.numpy_fp32 import NumpyFp32Backend
     timed = NumpyFp32Backend()

@@ -54,12 +54,15 @@ class Tiles:
         self.rows = as_strided(wrapped, (len(block), run), (4, 4), writeable=False)
         self.offsets, self.heads = offsets, kv.kv_heads
 
-    def read(self, dst: np.ndarray, ids: np.ndarray, which: int) -> None:
-        """dst [H, n, S, d] (a view: positions in a run) <- pages ids of k or v."""
+    def read(self, dst: np.ndarray, ids: np.ndarray, which: int, each=None) -> None:
+        """dst [H, n, S, d] (a view: positions in a run) <- pages ids of k or v; each(h, block)
+        after head h's block is written, while it is in cache."""
         heads, run = self.heads, self.rows.shape[1]
         for h in range(heads):  # (np.take would first copy the strided rows: 4M x S*d values)
             starts = (self.offsets[which] + (ids * heads + h) * run) % self.rows.shape[0]
             dst[h] = self.rows[starts].reshape(dst[h].shape)
+            if each is not None:
+                each(h, dst[h])
 
 
 class Copies:
@@ -73,7 +76,7 @@ class Copies:
         indptr = np.array(kv.kv_indptr, dtype=np.int64)
         self.last = np.array(kv.last_page_len, dtype=np.int64)
         n, box = int(np.prod(shape)), heads * nnz * 2 * kv.head_dim
-        flat = arena.take(4 * (2 * n + box), self).view(np.float32) if arena is not None \
+        flat = arena.take(4 * (2 * n + box)).view(np.float32) if arena is not None \
             else np.empty(2 * n + box, np.float32)
         self.w = Working(flat[:n].reshape(shape), flat[n:2 * n].reshape(shape),
                          flat[2 * n:].reshape(heads, nnz, -1),
@@ -104,18 +107,21 @@ class Copies:
             self.kv_stale[tails], self.untouched[tails] = True, False
         return self
 
-    def write_kv(self, kv: PagedKV, pos: np.ndarray) -> None:
-        """Positions `pos` of k and v read (cast into place; slots past a tail's length 0)."""
+    def write_kv(self, kv: PagedKV, pos: np.ndarray, each=None) -> None:
+        """Positions `pos` of k and v read (cast into place; slots past a tail's length 0);
+        each(h, block [n, S, d]) on K head by head as it is written (then zeroed past tails)."""
         w, ids, at = self.w, self.indices[pos], span(pos)
         tiled = self.tiles is not None and isinstance(at, slice) and self.untouched[pos].all()
         for which, name in enumerate(("k", "v")):
-            dst = getattr(w, name)
+            dst, hook = getattr(w, name), each if which == 0 else None
             if tiled:
-                self.tiles.read(dst[:, at], ids, which)
+                self.tiles.read(dst[:, at], ids, which, hook)
             else:
                 src = getattr(kv, name)[ids]
-                dst[:, at] = (f32(src, kv.dtype) if kv.dtype == "bf16" else src) \
-                    .transpose(1, 0, 2, 3)
+                src = f32(src, kv.dtype) if kv.dtype == "bf16" or hook else src
+                dst[:, at] = src.transpose(1, 0, 2, 3)
+                for h in range(kv.kv_heads if hook else 0):
+                    hook(h, src[:, h])
             for p in pos[w.valid[pos] < kv.page_size]:
                 dst[:, p, w.valid[p]:] = 0
         self.kv_stale[pos], self.untouched[pos] = False, False

@@ -17,7 +17,6 @@ import numpy as np
 from questprof.core.reference import reserved_positions
 from questprof.core.stages import check_mode
 
-GATHER_BYTES = 4 << 20  # sparse attention gathers K and V of this many bytes at a time (cache)
 
 
 @dataclass
@@ -122,22 +121,24 @@ def _dense(qb: np.ndarray, w: Working, b: int):
 def _sparse(qs: np.ndarray, w: Working, lo: int, pos: np.ndarray, cnt: np.ndarray,
             kv_head: np.ndarray):
     """Attention of one request over selected pages: qs [Hs, d, r] (scaled), pos [Hs, c]
-    positions within the request (entries past cnt[h] ignored), kv_head [Hs]."""
+    positions within the request (entries past cnt[h] ignored), kv_head [Hs]. One head at a
+    time, its pages gathered into buffers that stay in cache (np.take into them: 0.5 ns a
+    value against 0.8 for fancy indexing on the 2-core machine, 2026-12-01)."""
     heads, c = pos.shape
     _, _, size, d = w.k.shape
     ok = np.arange(c)[None, :] < cnt[:, None]
     j = lo + np.where(ok, pos, 0)
-    live = (ok[:, :, None] & (np.arange(size) < w.valid[j][:, :, None])).reshape(heads, -1)
+    dead = ~(ok[:, :, None] & (np.arange(size) < w.valid[j][:, :, None])).reshape(heads, -1)
     out = np.empty((heads, qs.shape[2], d), dtype=np.float32)
     lse = np.empty((heads, qs.shape[2]), dtype=np.float32)
-    step = max(1, GATHER_BYTES // max(1, 8 * c * size * d))  # K and V of `step` heads in cache
-    for h0 in range(0, heads, step):
-        h = slice(h0, min(heads, h0 + step))
-        k = w.k[kv_head[h, None], j[h]].reshape(-1, c * size, d)
-        v = w.v[kv_head[h, None], j[h]].reshape(-1, c * size, d)
-        s = np.matmul(k, qs[h])
-        s[~live[h]] = -np.inf
-        out[h], lse[h] = _softmax_out(s, v)
+    k, v = (np.empty((c, size, d), dtype=np.float32) for _ in range(2))
+    for h in range(heads):
+        np.take(w.k[kv_head[h]], j[h], axis=0, out=k, mode="clip")
+        np.take(w.v[kv_head[h]], j[h], axis=0, out=v, mode="clip")
+        s = np.matmul(k.reshape(-1, d), qs[h])                    # [c * S, r]
+        s[dead[h]] = -np.inf
+        o, l = _softmax_out(s[None], v.reshape(1, -1, d))
+        out[h], lse[h] = o[0], l[0]
     return out, lse
 
 

@@ -1,7 +1,7 @@
 """The NumPy backend's float32 path: what a sweep times on a machine without a GPU.
 
 NumpyBackend runs the float64 reference (core/reference.py), the specification; a sweep of it
-is CPU time nobody acts on (the longchat-7b main job took 1,019 s on 2 cores, 2026-12-01). This
+is CPU time nobody acts on (the longchat-7b main job took 1,019 s on 2 cores at 5aeb93e). This
 backend computes the same stages in float32, the precision the kernels accumulate in, on float32
 working copies of each cache (backends/fp32_copies.py: head-major, in request order), so each
 stage is a few BLAS calls per request (backends/fp32_stages.py). The `summary` stage re-reads
@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from questprof.backends import fp32_stages
-from questprof.backends.blas import one_thread
 from questprof.backends.arena import Arena
+from questprof.backends.blas import one_thread
 from questprof.backends.fp32_copies import Copies, Tiles, chunks, f32, span
 from questprof.core.layout import DTYPE_BYTES, AppendPlan, PagedKV, to_storage
 
@@ -41,6 +41,21 @@ def _minmax(keys: np.ndarray, first: np.ndarray, end: np.ndarray):
     inside = ((slots >= first[:, None, None]) & (slots < end[:, None, None]))[None]
     return (np.where(inside, keys, np.inf).min(axis=2),
             np.where(inside, keys, -np.inf).max(axis=2))
+
+
+def _read_summarised(kv: PagedKV, copies: Copies, pos, first, end):
+    """(min, max) [H, n, d] of positions pos over slots [first, end), their K and V read into
+    the copies on the way, each head's K summarised right after it is read (in cache)."""
+    lo, hi = (np.empty((kv.kv_heads, len(pos), kv.head_dim), np.float32) for _ in range(2))
+
+    def each(h, block):
+        np.min(block, axis=1, out=lo[h])
+        np.max(block, axis=1, out=hi[h])
+    copies.write_kv(kv, pos, each)
+    part = (first != 0) | (end != kv.page_size)  # a tail, an append: some slots only
+    if part.any():
+        lo[:, part], hi[:, part] = _minmax(copies.w.k[:, pos[part]], first[part], end[part])
+    return lo, hi
 
 
 class NumpyFp32Backend:
@@ -103,14 +118,13 @@ class NumpyFp32Backend:
         """Summaries of pages `ids` (distinct); their working copies, if any, read anew."""
         pos = copies.pos[ids] if copies is not None else np.full(len(ids), -1)
         mine = pos >= 0
-        if mine.all():  # read into the copies, then summarised there (one cast per value)
-            copies.write_kv(kv, pos)
-            keys = copies.w.k[:, span(pos)]
+        if mine.all():
+            lo, hi = _read_summarised(kv, copies, pos, first, end)
         else:
             if mine.any():
                 copies.write_kv(kv, pos[mine])
             keys = f32(kv.k[ids], kv.dtype).transpose(1, 0, 2, 3)      # [H, n, S, d]
-        lo, hi = _minmax(keys, first, end)
+            lo, hi = _minmax(keys, first, end)
         old = first > 0
         if old.any():
             prev = f32(kv.summary[ids[old]], kv.dtype)                # [m, H, 2, d]

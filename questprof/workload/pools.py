@@ -179,8 +179,6 @@ def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
         host = PagedKV(k, v, summ, *(backend.asarray(t) for t in tables), tuple(lengths),
                        cfg.page_size, m.dtype)
         kv = put_tiled(host, tile, offsets) if put_tiled else backend.put(host)
-        if memory is not None:
-            arena.own(kv, memory)
         backend.summary(kv, prefill)
         kvs.append(kv)
     return kvs, tables
