@@ -11,6 +11,10 @@ is a float32), and NumPy's fp16 -> fp32 cast ran at 2-7 ns per value on the 2-co
 
 from __future__ import annotations
 
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -19,6 +23,15 @@ from questprof.backends.fp32_stages import Working
 from questprof.core.layout import PagedKV
 
 CHUNK_BYTES = 16 << 20  # pages are read and summarised this many float32 bytes at a time
+# threads that read a pool into its copies (building, not timed): the scheduler shares a core
+# per thread, so on the 2-core machine shared with other work two got more of it than one
+READERS = max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1))
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(READERS, thread_name_prefix="questprof-read")
 
 
 def f32(x, dtype: str) -> np.ndarray:
@@ -56,13 +69,17 @@ class Tiles:
 
     def read(self, dst: np.ndarray, ids: np.ndarray, which: int, each=None) -> None:
         """dst [H, n, S, d] (a view: positions in a run) <- pages ids of k or v; each(h, block)
-        after head h's block is written, while it is in cache."""
+        after head h's block is written, while it is in cache. Heads split over READERS
+        threads (NumPy copies and reductions release the GIL)."""
         heads, run = self.heads, self.rows.shape[1]
-        for h in range(heads):  # (np.take would first copy the strided rows: 4M x S*d values)
-            starts = (self.offsets[which] + (ids * heads + h) * run) % self.rows.shape[0]
-            dst[h] = self.rows[starts].reshape(dst[h].shape)
-            if each is not None:
-                each(h, dst[h])
+
+        def part(first: int) -> None:
+            for h in range(first, heads, READERS):  # (np.take would copy the strided rows)
+                starts = (self.offsets[which] + (ids * heads + h) * run) % self.rows.shape[0]
+                dst[h] = self.rows[starts].reshape(dst[h].shape)
+                if each is not None:
+                    each(h, dst[h])
+        list(_pool().map(part, range(READERS)))
 
 
 class Copies:
