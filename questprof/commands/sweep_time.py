@@ -5,9 +5,11 @@ configurations, took 128-134 s with DRAM bytes and end-to-end steps. On a CPU th
 path's time follows the values it moves: each pool (length, batch, page size) is built once and
 its dense stage reads all of K and V once per pass; each configuration's attention and Quest
 step gather the K and V of their budget. The per-value CPU costs below are those of the full
-main job on the 2-core machine (2026-12-01: 137 CPU-s, user + sys); the wall time is that CPU
-time over the share of a core this process gets now, measured by a quarter-second probe (the
-machine is shared: the main job got 0.65 of a core at load 4.7 and took 209 s).
+main job on the 2-core machine (2026-12-01: 128-141 CPU-s, user + sys, in three runs); the wall
+time is that CPU time over the share of a core this process gets. The machine is shared: the
+main job got 0.65, 0.81 and 0.75 of a core (load 4.7, 2.7, 3.6; 209, 172, 170 s). A half-second
+probe says how busy the machine is now, but the load moves over a 3-minute job (a probe that
+saw 0.57 preceded a run that got 0.75), so the share used is the mean of the probe and 0.75.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ CPU_BUILD_NS = 4.25  # per K/V value of a pool: tile it, read its float32 copies
 CPU_DENSE_NS = 0.38  # per K/V value per timed pass of dense attention
 CPU_SPARSE_NS = 1.0  # per selected K/V value per timed pass of attention and of the Quest step
 CPU_CONFIG_S = 0.04  # per configuration: estimate, top-K, summary, six rows written
-PROBE_S = 0.25
+PROBE_S = 0.5
+TYPICAL_SHARE = 0.75  # of a core, the main job's on the shared 2-core machine (above)
 
 
 def core_share(seconds: float = PROBE_S) -> float:
@@ -63,4 +66,4 @@ def sweep_seconds(configs, backend) -> float:
     """About how many seconds a sweep of `configs` on `backend` takes (default timing)."""
     if backend.is_gpu:
         return len(configs) * GPU_SECONDS_PER_CONFIG
-    return cpu_seconds(configs, backend) / core_share()
+    return cpu_seconds(configs, backend) / ((core_share() + TYPICAL_SHARE) / 2)
