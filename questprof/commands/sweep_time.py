@@ -5,11 +5,12 @@ configurations, took 128-134 s with DRAM bytes and end-to-end steps. On a CPU th
 path's time follows the values it moves: each pool (length, batch, page size) is built once and
 its dense stage reads all of K and V once per pass; each configuration's attention and Quest
 step gather the K and V of their budget. The per-value CPU costs below are those of the full
-main job on the 2-core machine (2026-12-01: 128-141 CPU-s, user + sys, in three runs); the wall
+main job on the 2-core machine (2026-12-01: 128-151 CPU-s, user + sys, in four runs); the wall
 time is that CPU time over the share of a core this process gets. The machine is shared: the
-main job got 0.65, 0.81 and 0.75 of a core (load 4.7, 2.7, 3.6; 209, 172, 170 s). A half-second
-probe says how busy the machine is now, but the load moves over a 3-minute job (a probe that
-saw 0.57 preceded a run that got 0.75), so the share used is the mean of the probe and 0.75.
+main job got 0.65, 0.81, 0.75 and 0.65 of a core (load 4.7, 2.7, 3.6, 2.2-4.4; 209, 172, 170,
+229 s). A half-second probe says how busy the machine is now, but the load moves over a
+3-minute job (a quarter-second probe that saw 0.57 preceded a run that got 0.75), so the share
+used is the mean of the probe and 0.75: the last run announced 3.6 min and took 3.8.
 """
 
 from __future__ import annotations
