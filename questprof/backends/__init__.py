@@ -1,4 +1,5 @@
-"""Backends run the Quest stages behind one protocol: `numpy` (the reference, anywhere), `cupy` (kernels/)."""
+"""Backends run the Quest stages behind one protocol: `numpy` (the float64 reference, anywhere),
+`numpy-fp32` (its float32 path, what a sweep times on a CPU), `cupy` (kernels/)."""
 
 from __future__ import annotations
 
