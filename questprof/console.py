@@ -62,8 +62,8 @@ def banner(backend) -> None:
     if backend.is_gpu:
         return
     reason = backend.fallback_reason or "--backend numpy"
-    err.print(f"[yellow]No usable GPU ({escape(reason)}): running the NumPy reference backend; "
-              "times are CPU times, not GPU kernel times. On a GPU machine: "
+    err.print(f"[yellow]No usable GPU ({escape(reason)}): timing the NumPy backend's float32 "
+              "path (numpy-fp32); times are CPU times, not GPU kernel times. On a GPU machine: "
               f"{escape(INSTALL_GPU)}[/yellow]", highlight=False)
 
 

@@ -46,7 +46,7 @@ def test_sweep_says_what_it_will_run_before_it_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep_job, "_grid", stop)
     result = run("sweep", "--backend", "numpy", "--out", tmp_path / "o")
     assert result.exit_code == 130
-    assert "sweep longchat-7b: 168 configurations on the numpy backend, about" in result.stderr
+    assert "sweep longchat-7b: 168 configurations on the numpy-fp32 backend, about" in result.stderr
     assert "min" in result.stderr
 
 

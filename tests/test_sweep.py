@@ -120,10 +120,10 @@ def test_out_of_memory_while_building_skips_the_configuration(tmp_path, smoke, m
     points = configs(smoke, budgets="64")
     real = sweep.Workload
 
-    def build(cfg, backend, layers):
+    def build(cfg, backend, layers, pools=None):
         if cfg.length == 1000:
             raise MemoryError()
-        return real(cfg, backend, layers)
+        return real(cfg, backend, layers, pools)
 
     monkeypatch.setattr(sweep, "Workload", build)
     rows = sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, **fast())

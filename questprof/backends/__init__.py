@@ -1,4 +1,5 @@
-"""Backends run the Quest stages behind one protocol: `numpy` (the reference, anywhere), `cupy` (kernels/)."""
+"""Backends run the Quest stages behind one protocol: `numpy` (the float64 reference, anywhere),
+`numpy-fp32` (its float32 path, what a sweep times on a CPU), `cupy` (kernels/)."""
 
 from __future__ import annotations
 
@@ -35,4 +36,18 @@ def get_backend(name: str = "auto") -> Backend:
     return CupyBackend()
 
 
-__all__ = ["Backend", "BackendUnavailable", "get_backend", "gpu_unavailable_reason"]
+def timing_backend(backend: Backend, fp8: bool = False) -> Backend:
+    """The backend a sweep times: the NumPy backend's float32 path (backends/numpy_fp32.py) in
+    place of its float64 reference, whose CPU times nobody acts on; any other backend itself.
+    FP8 caches (fp8=True) stay on the reference: the float32 path runs plain caches only."""
+    from questprof.backends.numpy import NumpyBackend
+    if type(backend) is not NumpyBackend or fp8:  # the GPU, the fp32 path, a test's double
+        return backend
+    from questprof.backends.numpy_fp32 import NumpyFp32Backend
+    timed = NumpyFp32Backend()
+    timed.fallback_reason = backend.fallback_reason
+    return timed
+
+
+__all__ = ["Backend", "BackendUnavailable", "get_backend", "gpu_unavailable_reason",
+           "timing_backend"]

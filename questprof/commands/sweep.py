@@ -7,6 +7,8 @@ NumPy backend one. Each stage is timed over a pass of all layers (measure.timing
 dense beside ours, and with `--peers` FlashInfer's dense, top-K, sparse attention and Quest step
 (workload.flashinfer; skipped rows with the reason where it cannot run); then, when a byte
 source runs, the DRAM bytes of each of our stages (measure.dram).
+On a CPU the NumPy backend's float32 path is timed (backends.timing_backend), and the
+configurations that share pools run in a row, so each pool is built once (PoolCache).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Callable
 from questprof.core import model
 from questprof.core.stages import ROW_STAGES
 from questprof.results import OURS, ResultsWriter, done_keys, make_row, now
-from questprof.workload.pools import (Workload, fit_need, is_out_of_memory, l2_bytes, release,
-                                      sim_layers)
+from questprof.workload.pools import (PoolCache, Workload, fit_need, is_out_of_memory,
+                                      l2_bytes, release, sim_layers)
 
 DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
 SDPA = "torch-sdpa"
@@ -46,6 +48,7 @@ class Options:
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
     idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
+    pools: PoolCache | None = None  # CPU: the last pools, for the next configuration
 
 
 def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
@@ -171,15 +174,17 @@ def _skipped_rows(scenario, cfg, backend, keys, layers, reason, need=None):
                      status="skipped", reason=reason, **extra) for s, i in keys]
 
 
-def _prepare(cfg, backend, layers: int):
+def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
     """(Workload, None), or (None, why) when the pools do not fit in memory."""
     try:
-        return Workload(cfg, backend, layers), None
+        return Workload(cfg, backend, layers, pools), None
     except Exception as exc:
         if not is_out_of_memory(exc):
             raise
         why = (str(exc) if type(exc).__name__ == "DoesNotFit"
                else f"out of memory building {layers} layer(s): {type(exc).__name__}")
+    if pools is not None:
+        pools.key = pools.value = None
     release(backend)  # here, not in the except block, whose traceback still holds the arrays
     return None, why
 
@@ -191,7 +196,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
     # ncu's child builds its own one-layer workload: before ours, which may take most of the
     # memory (on an H200 the child of smoke's 2k and 4k points could not create its context).
     ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
-    work, reason = _prepare(cfg, backend, layers)
+    work, reason = _prepare(cfg, backend, layers, opts.pools)
     if work is None:
         yield from _skipped_rows(scenario, cfg, backend, keys, layers, reason,
                                  fit_need(cfg, backend, layers))
@@ -273,6 +278,19 @@ def _resumed_meta(out_dir, meta: dict) -> dict:
             "resumed_commands": commands}
 
 
+def run_order(configs, backend) -> list:
+    """Configurations in the order a sweep runs them: as given on a GPU; on the CPU those that
+    share pools (all but budget and mode) in a row, largest pools first, so each pool is built
+    once (PoolCache) into the memory of the one before (the fp32 path's arenas)."""
+    if backend.is_gpu:
+        return list(configs)
+    groups: dict[tuple, list] = {}
+    for c in configs:
+        groups.setdefault((c.model, c.length, c.batch, c.page_size, c.seed), []).append(c)
+    order = sorted(groups.values(), key=lambda g: -model.kv_pool_bytes(g[0]))  # stable
+    return [c for group in order for c in group]
+
+
 def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
               resume: bool = False, progress: Progress | None = None,
               command: str | None = None, meta_extra: dict | None = None) -> list[dict]:
@@ -281,8 +299,11 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     progress(row, done, total) is called after each row (done counts rows on disk, resumed
     ones included). resume=True skips (configuration, stage, impl) already in out_dir.
     Returns the rows written by this call; results.parquet is rewritten on exit, also on error.
+    On a CPU it times the NumPy backend's float32 path (backends.timing_backend).
     """
-    opts = opts or Options()
+    from questprof.backends import timing_backend
+
+    opts, backend = opts or Options(), timing_backend(backend, scenario.model.is_fp8)
     done = done_keys(out_dir) if resume else set()
     meta = sweep_meta(scenario, configs, backend, command, opts,
                       (meta_extra or {}).get("bytes"))
@@ -290,7 +311,8 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     if resume:
         meta = _resumed_meta(out_dir, meta)
     plan = [(cfg, [k for k in row_keys(cfg, opts.peers, opts.flashinfer)
-                   if (cfg.key(), *k) not in done]) for cfg in configs]
+                   if (cfg.key(), *k) not in done]) for cfg in run_order(configs, backend)]
+    opts.pools = None if backend.is_gpu else PoolCache()
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     count = total - sum(len(keys) for _, keys in plan)
     written, start = [], time.perf_counter()
@@ -304,6 +326,7 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
                     if progress is not None:
                         progress(row, count, total)
         finally:
+            opts.pools = None  # the last pools go before what runs next (e2e, fidelity)
             writer.write_meta(grid_seconds=time.perf_counter() - start,
                               bytes_seconds=opts.bytes_seconds)
     return written

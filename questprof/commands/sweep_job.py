@@ -19,13 +19,9 @@ from questprof.core.config import ConfigError
 from questprof.core.scenarios import configs_from_args
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
-# is_gpu -> (repeats, warmup); CPU times of the reference are context, not the product: 3 passes
-# keep the main job within minutes there (compare then says NOISY: too few passes to judge)
+# is_gpu -> (repeats, warmup); CPU times (the NumPy fp32 path) are context, not the product: 3
+# passes keep the main job within minutes there (compare then says NOISY: too few passes)
 TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}
-# Seconds per configuration seen on the reference machines, for the announcement of a sweep:
-# H200 longchat-7b 168 configurations in 134 s (bytes and e2e included); a 2-core CPU the same
-# grid in 1,139 s.
-SECONDS_PER_CONFIG = {True: 0.8, False: 6.8}
 
 
 @dataclass(frozen=True)
@@ -156,12 +152,16 @@ def _torch_gpu() -> bool:
 
 
 def announce(scenario, configs, backend, args: SweepArgs) -> None:
-    """Say what is about to run and about how long it will take (a default grid is large)."""
-    minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
+    """Say what is about to run and about how long it will take (commands/sweep_time.py)."""
+    from questprof.backends import timing_backend
+    from questprof.commands.sweep_time import sweep_seconds
+
+    minutes = sweep_seconds(configs, backend) / 60
     if scenario.note:  # a config.json: where its shape and grid come from
         console.err.print(scenario.note, highlight=False, markup=False)
+    timed = timing_backend(backend, scenario.model.is_fp8)
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
-                      f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
+                      f"{timed.name} backend, about {max(minutes, 0.1):.1f} min "
                       f"(bytes: {args.bytes_source}, e2e: {args.e2e_on})", highlight=False)
 
 

@@ -30,7 +30,7 @@ from questprof.report.html import clocks, esc, figure, meta_table, page, section
 
 __all__ = ["write_report"]
 
-CPU_BANNER = "CPU reference run: times are CPU times"
+CPU_BANNER = "CPU run (NumPy): times are CPU times"
 
 
 def _panels(pairs: pd.DataFrame):
@@ -140,7 +140,8 @@ def _context_parallel(df: pd.DataFrame) -> str:
 
 def _header(df: pd.DataFrame, meta: dict) -> str:
     backends = set(df["backend"].dropna()) if "backend" in df else set()
-    cpu = meta.get("backend") == "numpy" or backends == {"numpy"}
+    cpu = str(meta.get("backend")).startswith("numpy") or (  # numpy, numpy-fp32
+        bool(backends) and all(str(b).startswith("numpy") for b in backends))
     gpu = (meta.get("machine") or {}).get("gpu") or ("the CPU" if cpu else "an unknown GPU")
     title = f"questprof: {meta.get('scenario', 'run')} on {gpu}"
     banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""

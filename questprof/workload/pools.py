@@ -10,6 +10,7 @@ memory, and the memory checks (`free_bytes`, `fit_reason`, out-of-memory) live h
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from typing import Callable
 
@@ -77,7 +78,9 @@ def free_bytes(backend) -> int | None:
     """Free memory in bytes where the pools live: the GPU's (CuPy's cached blocks included),
     or the host's available memory for a CPU backend; None when unknown."""
     if not backend.is_gpu:
-        return _host_available()
+        available = _host_available()
+        spare = getattr(backend, "spare_bytes", None)  # memory it holds for the next pool
+        return None if available is None else available + (spare() if spare else 0)
     import cupy
 
     pool = cupy.get_default_memory_pool()
@@ -106,11 +109,21 @@ def check_cache(shape, backend) -> None:
                           f"{backend.name} backend yet (--backend numpy runs them)")
 
 
+def _copies(backend, cfg) -> float:
+    """Bytes held per byte of pool: 1 on a GPU; on the CPU the backend's working copies too (the
+    float64 reference's are twice as many pool bytes over an FP8 cache)."""
+    if backend.is_gpu:
+        return 1
+    own = getattr(backend, "host_copies", None)
+    if own is not None:
+        return own(cfg.model.dtype)
+    return HOST_COPIES * (2 if cfg.model.is_fp8 else 1)
+
+
 def fit_need(cfg, backend, layers: int) -> tuple[int, int | None]:
-    """(bytes the pools of `layers` layers need, bytes free) where they would live (the NumPy
-    backend's float64 working copies are twice as many pool bytes over an FP8 cache)."""
-    copies = 1 if backend.is_gpu else HOST_COPIES * (2 if cfg.model.is_fp8 else 1)
-    return copies * layers * model.kv_pool_bytes(cfg) + 4 * TILE * 4, free_bytes(backend)
+    """(bytes the pools of `layers` layers need, bytes free) where they would live."""
+    need = _copies(backend, cfg) * layers * model.kv_pool_bytes(cfg)
+    return int(need) + 4 * TILE * 4, free_bytes(backend)
 
 
 def fit_reason(cfg, backend, layers: int) -> str | None:
@@ -156,6 +169,17 @@ def pool_tile(m, rng) -> tuple[np.ndarray, np.ndarray | None]:
     return to_e4m3(values / np.float64(scale)), np.full(m.kv_heads, scale, dtype=np.float32)
 
 
+def _tiled_into(out: np.ndarray, tile: np.ndarray, offset: int, shape) -> np.ndarray:
+    """layout.tiled(np, tile, shape, offset) written into `out` (host memory given)."""
+    out = out[:math.prod(shape)]
+    start = offset % tile.size
+    head = min(tile.size - start, out.size)
+    out[:head] = tile[start:start + head]
+    for i in range(head, out.size, tile.size):
+        out[i:i + tile.size] = tile[:out.size - i]
+    return out.reshape(shape)
+
+
 def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
     """Random K/V pools for each layer, sharing one page table; summaries built by prefill."""
     m, xp, lengths = cfg.model, _xp(backend), [cfg.length] * cfg.batch
@@ -167,15 +191,41 @@ def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
     shape = (n, m.kv_heads, cfg.page_size, m.head_dim)
     prefill = _device_plan(backend, append_plan(*tables, lengths, cfg.page_size))
     kvs = []
+    # the NumPy fp32 path reads its float32 copies from the tile, not by a cast of every value,
+    # and lends the memory of its last pool (backends/arena.py: fresh pages cost more)
+    put_tiled, arena = getattr(backend, "put_tiled", None), getattr(backend, "pool_arena", None)
     for layer in range(layers):
-        k, v = (tiled(xp, tile, shape, ALIGN * (2 * layer + i)) for i in (0, 1))
+        offsets = (ALIGN * 2 * layer, ALIGN * (2 * layer + 1))
+        size = math.prod(shape)
+        memory = None if arena is None else arena.take(2 * size * tile.itemsize)
+        k, v = (tiled(xp, tile, shape, offset) if memory is None else
+                _tiled_into(memory.view(tile.dtype)[i * size:(i + 1) * size], tile, offset, shape)
+                for i, offset in enumerate(offsets))
         summ = xp.full((n, m.kv_heads, 2, m.head_dim), nan[0], dtype=nan.dtype)
-        kv = backend.put(PagedKV(k, v, summ, *(backend.asarray(t) for t in tables),
-                                 tuple(lengths), cfg.page_size, m.dtype, model.kv_dtype(m),
-                                 model.summary_dtype(m), scales, scales))
+        host = PagedKV(k, v, summ, *(backend.asarray(t) for t in tables), tuple(lengths),
+                       cfg.page_size, m.dtype, model.kv_dtype(m), model.summary_dtype(m),
+                       scales, scales)
+        kv = put_tiled(host, tile, offsets) if put_tiled else backend.put(host)
         backend.summary(kv, prefill)
         kvs.append(kv)
     return kvs, tables
+
+
+class PoolCache:
+    """The pools of the last configuration built, for the next one that differs only in budget
+    or mode (CPU sweeps run those in a row): building and summarising a pool is most of the
+    CPU time of a configuration, and the timed stages leave a pool as they found it."""
+
+    def __init__(self) -> None:
+        self.key, self.value = None, None
+
+    def get(self, cfg, backend, layers: int, build: Callable[[], tuple]) -> tuple:
+        """build()'s value for cfg's pools: kept from the last call or built now."""
+        key = (cfg.model, cfg.length, cfg.batch, cfg.page_size, cfg.seed, layers, id(backend))
+        if key != self.key:
+            self.key = self.value = None  # the old pools go before the new ones' memory check
+            self.value, self.key = build(), key
+        return self.value
 
 
 class Workload:
@@ -184,18 +234,27 @@ class Workload:
     Pools, decode queries and the one-token decode plan; unless the budget covers every page,
     each layer's scores and selections too (top-K and sparse attention read them).
     Raises DoesNotFit before allocating when the pools would not fit in free memory.
+    pools: a PoolCache whose pools this workload may take (and leaves its own in).
     """
 
     PEERS = ("torch-sdpa", "torch-naive", "torch-gather")
 
-    def __init__(self, cfg, backend, layers: int):
+    def __init__(self, cfg, backend, layers: int, pools: PoolCache | None = None):
         check_cache(cfg.model, backend)
-        reason = fit_reason(cfg, backend, layers)
-        if reason is not None:
-            raise DoesNotFit(reason)
-        rng = np.random.default_rng(cfg.seed)
+
+        def build() -> tuple:
+            reason = fit_reason(cfg, backend, layers)
+            if reason is not None:
+                raise DoesNotFit(reason)
+            rng = np.random.default_rng(cfg.seed)
+            kvs, tables = build_pools(cfg, backend, layers, rng)
+            return kvs, tables, rng.bit_generator.state
+
         self.cfg, self.backend = cfg, backend
-        self.kvs, tables = build_pools(cfg, backend, layers, rng)
+        self.kvs, tables, state = build() if pools is None else pools.get(cfg, backend, layers,
+                                                                          build)
+        rng = np.random.default_rng(cfg.seed)
+        rng.bit_generator.state = state  # the queries drawn as after a fresh build
         m = cfg.model
         self.q = backend.asarray(random_queries(rng, cfg.batch, m.q_heads, m.head_dim, m.dtype))
         self.plan = _device_plan(backend, append_plan(*tables, [1] * cfg.batch, cfg.page_size))

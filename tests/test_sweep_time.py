@@ -1,0 +1,76 @@
+"""The sweep's up-front time estimate and its run order on the CPU (commands/sweep_time.py,
+commands/sweep.run_order), and what the CPU main job writes (numpy-fp32 rows and report)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from questprof import results
+from questprof.backends.numpy import NumpyBackend
+from questprof.cli import app
+from questprof.commands import sweep, sweep_time
+from questprof.core.scenarios import expand, load_scenario
+from questprof.workload import pools
+
+
+class Gpu:
+    is_gpu, name = True, "cupy"
+
+
+@pytest.fixture
+def main_job():
+    return expand(load_scenario("longchat-7b"), lengths="2k..128k")
+
+
+def test_gpu_estimate_is_per_configuration(main_job):
+    assert sweep_time.sweep_seconds(main_job, Gpu()) == pytest.approx(168 * 0.8)  # H200: 128 s
+
+
+def test_cpu_estimate_of_the_main_job_matches_its_measurement(main_job, monkeypatch):
+    """2026-12-01, 2-core machine with 24 GiB: 128-141 CPU-s (user + sys); 170 s at 0.75 of a
+    core; batch 8 from 64k tokens up does not fit (skipped rows cost nothing)."""
+    monkeypatch.setattr(pools, "_host_available", lambda: 22 << 30)
+    cpu = sweep_time.cpu_seconds(main_job, NumpyBackend())
+    assert 128 * 0.9 < cpu < 141 * 1.1
+    monkeypatch.setattr(sweep_time, "core_share", lambda: 0.75)
+    assert 0.75 * 170 < sweep_time.sweep_seconds(main_job, NumpyBackend()) < 1.25 * 170
+    monkeypatch.setattr(pools, "_host_available", lambda: 1 << 20)  # nothing fits: no work
+    assert sweep_time.cpu_seconds(main_job, NumpyBackend()) == sweep_time.CPU_START_S
+
+
+def test_cpu_estimate_grows_with_the_work(main_job, monkeypatch):
+    monkeypatch.setattr(pools, "_host_available", lambda: 200 << 30)
+    short = [c for c in main_job if c.length <= 8192]
+    assert sweep_time.cpu_seconds(short, NumpyBackend()) < sweep_time.cpu_seconds(
+        main_job, NumpyBackend()) / 5
+    one_budget = [c for c in main_job if c.budget == 512]
+    assert sweep_time.cpu_seconds(one_budget, NumpyBackend()) > 0.5 * sweep_time.cpu_seconds(
+        main_job, NumpyBackend())  # the pools (built once for all budgets) are most of it
+
+
+def test_core_share_is_a_fraction():
+    assert 0.2 <= sweep_time.core_share(0.05) <= 1.0
+
+
+def test_cpu_order_groups_pools_largest_first(main_job):
+    order = sweep.run_order(main_job, NumpyBackend())
+    assert sorted(c.key() for c in order) == sorted(c.key() for c in main_job)
+    pools_seen = [(c.length, c.batch, c.page_size) for c in order]
+    runs = [p for i, p in enumerate(pools_seen) if i == 0 or pools_seen[i - 1] != p]
+    assert len(runs) == len(set(runs)) == 42  # each pool's configurations in one run
+    assert runs[0][:2] == (131072, 8) and runs[-1][:2] == (2048, 1)
+    assert sweep.run_order(main_job, Gpu()) == main_job  # a GPU keeps the grid's order
+
+
+def test_cpu_sweep_times_the_fp32_path_and_says_so(tmp_path):
+    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k",
+                                      "--backend", "numpy", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "configurations on the numpy-fp32 backend, about" in result.stderr
+    assert "float32" in result.stderr and "times are CPU times" in result.stderr
+    df, meta = results.load(tmp_path / "o")
+    assert meta["backend"] == "numpy-fp32" and set(df["backend"]) == {"numpy-fp32"}
+    assert set(df["status"]) == {"ok"} and set(df["method"]) == {"perf-counter"}
+    report = (tmp_path / "o" / "report.html").read_text()
+    assert "CPU run (NumPy): times are CPU times" in report and "on the CPU</h1>" in report
