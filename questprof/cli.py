@@ -43,6 +43,17 @@ def user_errors(fn):
     return wrapper
 
 
+KV_DTYPE_HELP = ("KV cache dtype: fp16 or bf16 (the queries' too: a plain cache holds their "
+                 "dtype), or fp8 (e4m3, as vLLM's kv_cache_dtype=fp8_e4m3)")
+SUMMARY_DTYPE_HELP = ("Summaries over an FP8 cache: fp8 (codes, rounded outward: rho = 1/S + "
+                      "K/P) or fp16 (the dequantized min/max: rho = 2/S + K/P)")
+KV_SCALE_HELP = "FP8 scales: one per tensor or one per KV head (amax / 448): tensor or head"
+TP_HELP = ("Tensor-parallel GPUs: each attends q_heads/N q heads over kv_heads/N KV heads (1 "
+           "replicated when fewer, as vLLM shards)")
+SCENARIO_HELP = ("Scenario name (scenarios/<name>.toml), a .toml path, or a Hugging Face "
+                 "config.json (or the model folder holding it)")
+
+
 def _write_report(out_dir: Path) -> None:
     """report.html from the results in out_dir."""
     from questprof import results
@@ -56,8 +67,8 @@ def _write_report(out_dir: Path) -> None:
 @app.command()
 @user_errors
 def sweep(
-    scenario: Annotated[Optional[str], typer.Option(help=default(
-        "Scenario name (scenarios/<name>.toml) or path to a .toml file", "longchat-7b"))] = None,
+    scenario: Annotated[Optional[str], typer.Option(help=default(SCENARIO_HELP, "longchat-7b"))]
+        = None,
     lengths: Annotated[Optional[str], typer.Option(help=default(
         "Context lengths in tokens: '2k..128k' (doubling), '1k..8k+1k', '4k,100000'",
         "the scenario's"))] = None,
@@ -70,6 +81,14 @@ def sweep(
     mode: Annotated[Optional[str], typer.Option(help=default(
         "GQA selection modes, comma-separated: per-head, shared-max, shared-mean",
         "the scenario's"))] = None,
+    kv_dtype: Annotated[Optional[str], typer.Option(help=default(KV_DTYPE_HELP,
+                                                                 "the scenario's"))] = None,
+    summary_dtype: Annotated[Optional[str], typer.Option(help=default(
+        SUMMARY_DTYPE_HELP, "the cache's dtype"))] = None,
+    kv_scale: Annotated[Optional[str], typer.Option(help=default(KV_SCALE_HELP, "tensor"))]
+        = None,
+    tp: Annotated[Optional[int], typer.Option(help=default(TP_HELP, "the scenario's, else 1"))]
+        = None,
     backend: Annotated[Optional[str], typer.Option(help=default(
         "auto, cupy or numpy", "auto"))] = None,
     layers: Annotated[Optional[int], typer.Option(help=default(
@@ -200,12 +219,16 @@ def bytes_check(
     check_formula: Annotated[bool, typer.Option(
         "--check-formula/--no-check-formula",
         help="Judge measured bytes against the model (exit 1 beyond --tolerance)")] = True,
-    scenario: Annotated[str, typer.Option(help="Scenario name or .toml path")] = "llama3-8b",
+    scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = "llama3-8b",
     lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")] = "16k,64k",
     batch: Annotated[str, typer.Option(help="Batch sizes")] = "1",
     page_size: Annotated[str, typer.Option(help="Page sizes")] = "16",
     budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = "1024,4096",
     mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = None,
+    kv_dtype: Annotated[Optional[str], typer.Option(help=KV_DTYPE_HELP)] = None,
+    summary_dtype: Annotated[Optional[str], typer.Option(help=SUMMARY_DTYPE_HELP)] = None,
+    kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = None,
+    tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = None,
     source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = "cupti",
     tolerance: Annotated[float, typer.Option(help="Allowed relative difference")] = 0.05,
     protocol: Annotated[str, typer.Option(
@@ -224,7 +247,8 @@ def bytes_check(
 
     args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
             "budget": budget, "mode": mode, "source": source, "tolerance": tolerance,
-            "protocol": protocol}
+            "protocol": protocol, "kv_dtype": kv_dtype, "summary_dtype": summary_dtype,
+            "kv_scale": kv_scale, "tp": tp}
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
     if check_formula or status == 3:
         raise typer.Exit(status)

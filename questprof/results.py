@@ -66,7 +66,8 @@ def make_row(cfg, stage: str, *, scenario: str, backend: str, impl: str = OURS,
            "bandwidth_gbs": read / (median * 1e-3) / 1e9 if read and median else None,
            "measured_read_bytes": None, "measured_write_bytes": None, "bytes_source": None,
            "bytes_ratio": None,
-           "rho_formula": model.rho(cfg.page_size, cfg.k_pages, cfg.pages),
+           "rho_formula": model.rho(cfg.page_size, cfg.k_pages, cfg.pages,
+                                    model.summary_ratio(cfg.model)),
            "rho_model": model.quest_rho(cfg, union), "sim_layers": layers,
            "status": status, "reason": reason, "note": timing.get("note")}
     row.update(extra)

@@ -5,12 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from questprof.core import reference
-from questprof.core.layout import AppendPlan, PagedKV, from_storage, to_storage
-
-
-def _readable(x, dtype: str):
-    """What the reference can read: fp16/fp32 as stored (widened per page), bf16 decoded."""
-    return from_storage(x, dtype) if dtype == "bf16" else x
+from questprof.core.layout import (AppendPlan, PagedKV, encode_summary, from_storage, kv_values,
+                                   summary_values, to_storage)
 
 
 class NumpyBackend:
@@ -19,6 +15,7 @@ class NumpyBackend:
     name = "numpy"
     is_gpu = False
     quest_path = "composed"  # quest() is the three stage calls in sequence
+    kv_dtypes = ("fp16", "bf16", "fp32", "fp8_e4m3")  # caches it runs (FP8: dequantized, float64)
 
     def __init__(self) -> None:
         self.fallback_reason: str | None = None
@@ -36,11 +33,11 @@ class NumpyBackend:
         pass
 
     def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
-        new = reference.summary(from_storage(kv.summary, kv.dtype), _readable(kv.k, kv.dtype), plan)
-        kv.summary[...] = to_storage(new, kv.dtype)
+        new = reference.summary(summary_values(kv), kv_values(kv, "k"), plan)
+        kv.summary[...] = encode_summary(new, kv)
 
     def estimate(self, q, kv: PagedKV, mode: str = "per-head"):
-        summ = from_storage(kv.summary, kv.dtype)
+        summ = summary_values(kv)
         u = reference.estimate(from_storage(q, kv.dtype), summ, kv.kv_indptr, kv.kv_indices, mode)
         return u.astype(np.float32)
 
@@ -49,7 +46,7 @@ class NumpyBackend:
 
     def attention(self, q, kv: PagedKV, sel=None, count=None):
         out, lse = reference.attention(
-            from_storage(q, kv.dtype), _readable(kv.k, kv.dtype), _readable(kv.v, kv.dtype),
+            from_storage(q, kv.dtype), kv_values(kv, "k"), kv_values(kv, "v"),
             kv.kv_indptr, kv.kv_indices, kv.last_page_len, sel, count)
         return to_storage(out, kv.dtype), lse.astype(np.float32)
 

@@ -18,7 +18,7 @@ from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
 from questprof.results import OURS, make_row
-from questprof.workload.pools import is_out_of_memory, release
+from questprof.workload.pools import check_cache, is_out_of_memory, release
 
 BENCH_FILE = SCENARIOS_DIR / "bench.toml"
 POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
@@ -250,7 +250,9 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     if repeats < 1:
         raise ConfigError(f"--repeats {repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, quick)
-    get_backend("cupy")  # one clear line and exit 2 without a GPU
+    backend = get_backend("cupy")  # one clear line and exit 2 without a GPU
+    for cfg in cases:  # a cache dtype the kernels do not run yet: one line before any work
+        check_cache(cfg.model, backend)
     if peers and not _torch_gpu():
         console.warn("torch with CUDA is not importable here: the torch peers are not timed")
         peers = False

@@ -152,6 +152,7 @@ def measure_config(cfg, backend, source: str, flush, full_scale=None, naive=True
     rho = {"config": label(rows[0]), "source": source,
            "rho_measured": sum(read[s] for s in model.QUEST_STAGES) / read["dense"],
            "rho_formula": rows[0]["rho_formula"], "rho_model": rows[0]["rho_model"],
+           "rho_text": model.rho_text(cfg.model),
            "rho_unmodelled": unmodelled / works["dense"].read}
     return rows, [rho]
 
@@ -195,8 +196,11 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
     from questprof.backends import get_backend
     from questprof.measure import cupti
     from questprof.measure.ceilings import Flush
+    from questprof.workload.pools import check_cache
 
     backend, flush = get_backend("cupy"), Flush()
+    for cfg in configs:  # a cache dtype the kernels do not run yet: one line before any work
+        check_cache(cfg.model, backend)
     rows, rho = [], []
     for src in usable:  # SOURCES order: CUPTI first, released once before ncu and GPM
         if src != "cupti":
@@ -247,6 +251,7 @@ def bytes_command(args: dict, out_dir, json_out, argv) -> int:
     if args["protocol"] not in PROTOCOLS:
         raise ConfigError(f"--protocol {args['protocol']!r}: expected rotate or flush")
     _, configs = configs_from_args(args)
+    console.err.print(f"rho = {model.rho_text(configs[0].model)}", highlight=False, markup=False)
     result = run_check(configs, args["source"], args["tolerance"],
                        log=lambda line: console.err.print(line, highlight=False),
                        protocol=args["protocol"])

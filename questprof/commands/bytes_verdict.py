@@ -124,6 +124,7 @@ def table(result: CheckResult) -> str:
                    f" {r.get('note') or ''}")
     for r in result.rho:
         out.append(f"rho {r['config']} [{r['source']}]: measured {r['rho_measured']:.4f}, "
-                   f"1/S+K/P {r['rho_formula']:.4f}, model {r['rho_model']:.4f} "
+                   f"{r.get('rho_text', '1/S + K/P')} = {r['rho_formula']:.4f}, "
+                   f"model {r['rho_model']:.4f} "
                    f"+ unmodelled {r['rho_unmodelled']:.4f}")
     return "\n".join(out + result.lines)

@@ -92,11 +92,18 @@ def measure_e2e(shape: ModelShape, lengths, page_size: int, budget: int, batch: 
         from questprof.backends import get_backend
         backend = get_backend("auto")
     device = "cuda" if backend.is_gpu else "cpu"
-    run_shape = shape if backend.is_gpu else dataclasses.replace(shape, dtype="fp32")
+    run_shape = shape if backend.is_gpu or shape.is_fp8 else dataclasses.replace(shape,
+                                                                                 dtype="fp32")
     cfgs = [Config(run_shape, n, batch, page_size, budget, mode, seed) for n in lengths]
     scenario = scenario or shape.name
     skip = lambda cfg, why: make_row(cfg, "e2e", scenario=scenario, backend=backend.name,  # noqa: E731
                                      status="skipped", reason=why, steps=steps)
+    if shape.is_fp8:  # the decoder writes its new keys in the model's dtype, not as e4m3
+        return [skip(cfg, "end-to-end steps over an FP8 KV cache are not built yet")
+                for cfg in cfgs]
+    if shape.tp > 1:  # the decoder's hidden size is its q heads x head_dim: one GPU's only
+        return [skip(cfg, f"end-to-end steps of one GPU of tp {shape.tp} are not built yet")
+                for cfg in cfgs]
     bits = 8 * DTYPE_BYTES[run_shape.dtype]
     reason = memory_reason(model.weight_bytes(run_shape, bits) + HEADROOM_BYTES,
                            _free_bytes(device), "the weights")

@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from questprof import console
+from questprof.core import model
 from questprof.core.config import ConfigError
 from questprof.core.scenarios import configs_from_args
 
@@ -105,6 +106,8 @@ def _torch_gpu() -> bool:
 def announce(scenario, configs, backend, args: dict) -> None:
     """Say what is about to run and about how long it will take (a default grid is large)."""
     minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
+    if scenario.note:  # a config.json: where its shape and grid come from
+        console.err.print(scenario.note, highlight=False, markup=False)
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
                       f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']})", highlight=False)
@@ -144,7 +147,8 @@ def _grid(scenario, configs, backend, target: Path, args: dict, resume: bool, ar
     df, _ = results.load(target)
     table, fixed = console.fold(summary_table(df), ("batch", "page_size", "budget", "mode"))
     console.out.print(console.table(table, f"{scenario.name} ({fixed}): median ms per layer, "
-                                           "speedup = fastest dense / quest"))
+                                           "speedup = fastest dense / quest, rho = "
+                                           f"{model.rho_text(scenario.model)}"))
 
 
 def _done_extras(target: Path) -> set[str]:
@@ -189,6 +193,7 @@ def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
 def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
     from questprof.backends import get_backend
+    from questprof.workload.pools import check_cache
 
     args = resolve_args(resume, given)
     scenario, configs = configs_from_args(args)
@@ -196,6 +201,7 @@ def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) 
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
     args["e2e_on"] = (backend.is_gpu and _torch_gpu()) if args["e2e"] is None else args["e2e"]
     check_shape(scenario.model, backend)
+    check_cache(scenario.model, backend)
     check_extras(args, backend)
     source, status = byte_source(args["bytes_source"], backend)
     console.banner(backend)

@@ -14,6 +14,8 @@ import re
 from dataclasses import asdict, dataclass
 
 from questprof.core import model
+from questprof.core.fp8 import E4M3
+from questprof.core.layout import KV_SCALES, check_cache_dtypes
 from questprof.core.stages import MODES
 
 # The page sizes and head dims the kernels are built for (kernels/constants.cuh's QP_PAGE_SIZES and
@@ -22,6 +24,8 @@ from questprof.core.stages import MODES
 PAGE_SIZES = (8, 16, 32, 64, 128)
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DTYPES = ("fp16", "bf16", "fp32")
+KV_DTYPES = (*DTYPES, E4M3)  # of the cache; "fp8" is read as fp8_e4m3
+DTYPE_ALIASES = {"fp8": E4M3, "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 MAX_VALUES = 10_000  # a range longer than this is a typo (say "1..1m+1"), not a sweep
 
 _NUMBER = re.compile(r"^(\d+)([km]?)$", re.IGNORECASE)
@@ -111,6 +115,11 @@ class ModelShape:
     intermediate: MLP width, 0 = 8/3 * hidden rounded up to 256 (LLaMA's rule: 11008 at 4096);
     vocab: LM-head rows read per decode step, 0 = not counted.
     dense_layers: first layers kept dense under Quest (the paper keeps 2).
+    dtype: queries, outputs and weights; kv_dtype: the KV cache, dtype (the default, "") or
+    fp8_e4m3; summary_dtype: kv_dtype (the default) or fp16 over an FP8 cache; kv_scale: an FP8
+    cache's scale granularity, tensor (the default) or head ("" for other caches).
+    tp: the tensor-parallel degree this shape is one GPU's share of: q_heads and kv_heads are
+    per GPU (core.sharding.tensor_parallel makes them from the model's).
     """
 
     name: str
@@ -122,10 +131,14 @@ class ModelShape:
     dense_layers: int = 2
     intermediate: int = 0
     vocab: int = 0
+    kv_dtype: str = ""
+    summary_dtype: str = ""
+    kv_scale: str = ""
+    tp: int = 1
 
     def __post_init__(self) -> None:
         _check_ints(self, ("layers", "q_heads", "kv_heads", "head_dim", "dense_layers",
-                           "intermediate", "vocab"))
+                           "intermediate", "vocab", "tp"))
         if min(self.layers, self.q_heads, self.kv_heads) < 1:
             raise ConfigError(f"model {self.name}: layers and heads must be at least 1")
         if self.q_heads % self.kv_heads:
@@ -144,6 +157,37 @@ class ModelShape:
                               f"is outside 0..{self.layers}")
         if self.intermediate < 0 or self.vocab < 0:
             raise ConfigError(f"model {self.name}: intermediate and vocab must be >= 0")
+        self._check_cache()
+
+    def _check_cache(self) -> None:
+        """Check the cache's dtypes (fp8 = fp8_e4m3) and keep them in one form: "" where they
+        follow dtype (a plain cache, its summaries, its absent scale), named for an FP8 cache
+        (summaries fp8_e4m3 and scale tensor unless given). dataclasses.replace of dtype then
+        moves a plain cache along. model.kv_dtype / model.summary_dtype read them."""
+        kv = DTYPE_ALIASES.get(self.kv_dtype, self.kv_dtype) or self.dtype
+        summ = DTYPE_ALIASES.get(self.summary_dtype, self.summary_dtype) or kv
+        scale = self.kv_scale or ("tensor" if kv == E4M3 else "")
+        for name, value in (("kv_dtype", kv), ("summary_dtype", summ)):
+            if value not in KV_DTYPES:
+                raise ConfigError(f"model {self.name}: {name} {value!r} is not supported: "
+                                  f"expected one of fp16, bf16, fp32, fp8 ({E4M3})")
+        try:
+            check_cache_dtypes(self.dtype, kv, summ)
+        except ValueError as exc:
+            raise ConfigError(f"model {self.name}: {exc}") from None
+        if kv == E4M3 and scale not in KV_SCALES or kv != E4M3 and scale:
+            raise ConfigError(f"model {self.name}: kv_scale {scale!r}: an FP8 cache takes "
+                              f"{' or '.join(KV_SCALES)}, other caches none")
+        if self.tp < 1:
+            raise ConfigError(f"model {self.name}: tp {self.tp} must be at least 1")
+        plain = "" if kv != E4M3 else None
+        for name, value in (("kv_dtype", kv), ("summary_dtype", summ), ("kv_scale", scale)):
+            object.__setattr__(self, name, value if plain is None else plain)
+
+    @property
+    def is_fp8(self) -> bool:
+        """The KV cache holds FP8 (e4m3) codes."""
+        return self.kv_dtype == E4M3
 
     @property
     def group(self) -> int:
@@ -196,11 +240,21 @@ class Config:
         return self.budget >= self.length
 
     def key(self) -> str:
-        """A string naming this point uniquely (model shape included), for resuming sweeps."""
-        return "|".join(f"{k}={v}" for k, v in self._fields().items())
+        """A string naming this point uniquely (model shape included), for resuming sweeps and
+        comparing runs; the cache and tp fields only where they are not the plain defaults, so
+        the keys of runs made before they existed still match."""
+        cache = ("kv_dtype", "summary_dtype", "kv_scale")
+        fields = self._fields()
+        if not self.model.is_fp8:
+            fields = {k: v for k, v in fields.items() if k not in cache}
+        if fields.get("tp") == 1:
+            del fields["tp"]
+        return "|".join(f"{k}={v}" for k, v in fields.items())
 
     def _fields(self) -> dict:
         shape = asdict(self.model)
+        shape.update(kv_dtype=model.kv_dtype(self.model),
+                     summary_dtype=model.summary_dtype(self.model))
         point = {k: getattr(self, k) for k in ("length", "batch", "page_size", "budget",
                                                  "mode", "seed")}
         return {"model": shape.pop("name"), **shape, **point}

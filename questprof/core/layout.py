@@ -1,8 +1,9 @@
 """Paged KV cache, CSR page tables and summary buffers for one layer (docs/QUEST.md, Layout).
 
 Shapes (N physical pages, H kv heads, S page size, d head dim, B requests, nnz = sum of pages):
-  k, v      [N, H, S, d]  storage dtype (fp16, bf16 as uint16 bits, fp32)
-  summary   [N, H, 2, d]  storage dtype; [..., 0, :] = min, [..., 1, :] = max
+  k, v      [N, H, S, d]  kv_dtype storage (fp16, bf16 as uint16 bits, fp32, fp8_e4m3 as uint8)
+  summary   [N, H, 2, d]  summary_dtype storage; [..., 0, :] = min, [..., 1, :] = max
+  k_scale, v_scale [H] float32 (FP8 caches only): key = e4m3(k) * k_scale[h], value likewise
   kv_indptr [B + 1] int32, kv_indices [nnz] int32, last_page_len [B] int32 in 1..S
 """
 
@@ -13,8 +14,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_STORAGE = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
+from questprof.core.fp8 import E4M3, from_e4m3, kv_scale, quantize, to_e4m3, to_fp16
+
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, E4M3: 1}
+_STORAGE = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32, E4M3: np.uint8}
+FP8_SUMMARY_DTYPES = ("fp16", E4M3)  # summaries an FP8 cache can keep
+KV_SCALES = ("tensor", "head")  # one scale per tensor (all heads equal) or per KV head
 
 
 def storage_dtype(dtype: str) -> np.dtype:
@@ -25,7 +30,10 @@ def storage_dtype(dtype: str) -> np.dtype:
 
 
 def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float values to `dtype` (round to nearest even) and return them in storage form."""
+    """Round float values to `dtype` (round to nearest even) and return them in storage form
+    (fp8_e4m3: codes of the values as given, unscaled, saturating at +-448)."""
+    if dtype == E4M3:
+        return to_e4m3(x)
     if dtype != "bf16":
         return np.asarray(x).astype(storage_dtype(dtype))
     bits = np.asarray(x, dtype=np.float32).view(np.uint32)
@@ -39,6 +47,8 @@ def from_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     x = np.asarray(x)
     if dtype == "bf16":
         return (x.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    if dtype == E4M3:
+        return from_e4m3(x)
     return x.astype(np.float64)
 
 
@@ -49,7 +59,12 @@ def pages_for(length: int, page_size: int) -> int:
 
 @dataclass
 class PagedKV:
-    """One layer's paged cache and the page tables of one batch, in one backend's array type."""
+    """One layer's paged cache and the page tables of one batch, in one backend's array type.
+
+    dtype: queries and outputs (fp16, bf16, fp32); kv_dtype: K and V storage, dtype or
+    fp8_e4m3 (default dtype); summary_dtype: the min/max summaries, kv_dtype (the default) or,
+    over an FP8 cache, fp16. k_scale, v_scale: float32 [H] for an FP8 cache, else None.
+    """
 
     k: object
     v: object
@@ -60,6 +75,21 @@ class PagedKV:
     lengths: tuple[int, ...]
     page_size: int
     dtype: str
+    kv_dtype: str | None = None
+    summary_dtype: str | None = None
+    k_scale: object = None
+    v_scale: object = None
+
+    def __post_init__(self) -> None:
+        self.kv_dtype = self.kv_dtype or self.dtype
+        self.summary_dtype = self.summary_dtype or self.kv_dtype
+        check_cache_dtypes(self.dtype, self.kv_dtype, self.summary_dtype)
+        if self.is_fp8 and (self.k_scale is None or self.v_scale is None):
+            raise ValueError("an FP8 cache needs k_scale and v_scale (float32 [kv_heads])")
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.kv_dtype == E4M3
 
     @property
     def batch(self) -> int:
@@ -83,8 +113,23 @@ class PagedKV:
 
     def with_arrays(self, convert) -> "PagedKV":
         """The same cache with every array passed through `convert` (host <-> device)."""
-        names = ("k", "v", "summary", "kv_indptr", "kv_indices", "last_page_len")
-        return replace(self, **{n: convert(getattr(self, n)) for n in names})
+        names = ("k", "v", "summary", "kv_indptr", "kv_indices", "last_page_len", "k_scale",
+                 "v_scale")
+        return replace(self, **{n: convert(getattr(self, n)) for n in names
+                                if getattr(self, n) is not None})
+
+
+def check_cache_dtypes(dtype: str, kv_dtype: str, summary_dtype: str) -> None:
+    """ValueError unless kv_dtype is dtype or fp8_e4m3 (under fp16 / bf16 queries) and the
+    summaries are kv_dtype or, over an FP8 cache, fp16."""
+    storage_dtype(dtype), storage_dtype(kv_dtype), storage_dtype(summary_dtype)
+    if kv_dtype not in (dtype, E4M3) or (kv_dtype == E4M3 and dtype == "fp32"):
+        raise ValueError(f"a {kv_dtype} cache under {dtype} queries is not supported: the cache "
+                         f"holds {dtype} or, under fp16 / bf16, {E4M3}")
+    allowed = FP8_SUMMARY_DTYPES if kv_dtype == E4M3 else (kv_dtype,)
+    if summary_dtype not in allowed:
+        raise ValueError(f"{summary_dtype} summaries over a {kv_dtype} cache are not supported: "
+                         f"expected {' or '.join(allowed)}")
 
 
 def page_tables(lengths, page_size: int, num_pages: int, rng=None):
@@ -101,9 +146,80 @@ def page_tables(lengths, page_size: int, num_pages: int, rng=None):
     return indptr, ids.astype(np.int32), last
 
 
+class Dequantized:
+    """Float64 values of an FP8 pool, decoded on indexing: view[i] = e4m3(codes[i]) * scale[h]
+    (exact: 4 significant bits times 24). The reference reads K and V through it page by page."""
+
+    def __init__(self, codes, scale) -> None:
+        self.codes = np.asarray(codes)
+        self._scale = np.broadcast_to(np.asarray(scale, dtype=np.float64)[:, None, None],
+                                      self.codes.shape)
+
+    @property
+    def shape(self) -> tuple:
+        return self.codes.shape
+
+    @property
+    def ndim(self) -> int:
+        return self.codes.ndim
+
+    def __getitem__(self, index) -> np.ndarray:
+        return from_e4m3(self.codes[index]) * self._scale[index]
+
+    def __array__(self, dtype=None, copy=None):
+        return self[...].astype(dtype or np.float64)
+
+
+def kv_values(kv: PagedKV, which: str):
+    """K or V ('k', 'v') of a host cache as the reference reads them: FP8 through Dequantized,
+    bf16 decoded to float64, fp16 / fp32 as stored (widened page by page)."""
+    stored = getattr(kv, which)
+    if kv.is_fp8:
+        return Dequantized(stored, getattr(kv, f"{which}_scale"))
+    return from_storage(stored, kv.dtype) if kv.dtype == "bf16" else stored
+
+
+def summary_values(kv: PagedKV) -> np.ndarray:
+    """float64 [N, H, 2, d] min/max a host cache's summaries stand for (FP8: codes x k_scale)."""
+    values = from_storage(kv.summary, kv.summary_dtype)
+    if kv.summary_dtype == E4M3:
+        values = values * np.asarray(kv.k_scale, dtype=np.float64)[:, None, None]
+    return values
+
+
+def encode_summary(values, kv: PagedKV) -> np.ndarray:
+    """Summaries [N, H, 2, d] of float64 min/max `values` in kv's summary storage, rounded
+    outward (min toward -inf, max toward +inf) so U_p(q) still bounds q.k: exact when they are
+    the keys' own values (FP8 summaries of an FP8 cache, fp16 of fp16), one rounding when fp16
+    summaries hold the dequantized keys of an FP8 cache."""
+    values = np.asarray(values, dtype=np.float64)
+    if not kv.is_fp8:
+        return to_storage(values, kv.summary_dtype)
+    if kv.summary_dtype == E4M3:
+        values = values / np.asarray(kv.k_scale, dtype=np.float64)[:, None, None]
+    rnd = to_e4m3 if kv.summary_dtype == E4M3 else to_fp16
+    return np.stack([rnd(values[:, :, 0], "down"), rnd(values[:, :, 1], "up")], axis=2)
+
+
+def quantized(kv: PagedKV, per: str = "tensor", summary_dtype: str = E4M3) -> PagedKV:
+    """An FP8 copy of a host cache of fp16 / bf16 values: scales amax / 448 per tensor or per
+    KV head (`per`), K and V rounded to nearest even; summaries poisoned (NaN), to be built by
+    the `summary` stage."""
+    k, v = kv_values(kv, "k"), kv_values(kv, "v")
+    k_scale, v_scale = kv_scale(k, per), kv_scale(v, per)
+    summary = to_storage(np.full(np.shape(kv.summary), np.nan), summary_dtype)
+    return replace(kv, k=quantize(k, k_scale), v=quantize(v, v_scale), summary=summary,
+                   kv_dtype=E4M3, summary_dtype=summary_dtype, k_scale=k_scale,
+                   v_scale=v_scale)
+
+
 def random_paged_kv(rng, lengths, page_size: int, kv_heads: int, head_dim: int, dtype: str,
-                    spare_pages: int = 0, shuffle: bool = True, tail_fill=None) -> PagedKV:
+                    spare_pages: int = 0, shuffle: bool = True, tail_fill=None,
+                    kv_dtype: str | None = None, summary_dtype: str | None = None,
+                    kv_scale: str = "tensor") -> PagedKV:
     """A random cache for `lengths`; unused tail slots hold `tail_fill` (default: random values).
+    kv_dtype fp8_e4m3 quantizes it (`quantized`, scales per `kv_scale`; summaries fp8_e4m3
+    unless summary_dtype says fp16).
 
     The summary buffer is poisoned (NaN); build it with the `summary` stage over a prefill plan.
     """
@@ -119,8 +235,12 @@ def random_paged_kv(rng, lengths, page_size: int, kv_heads: int, head_dim: int, 
             k[tail, :, n:, :] = tail_fill
             v[tail, :, n:, :] = tail_fill
     summary = np.full((num_pages, kv_heads, 2, head_dim), np.nan, dtype=np.float32)
-    return PagedKV(to_storage(k, dtype), to_storage(v, dtype), to_storage(summary, dtype),
-                   indptr, indices, last, tuple(int(n) for n in lengths), page_size, dtype)
+    kv = PagedKV(to_storage(k, dtype), to_storage(v, dtype), to_storage(summary, dtype),
+                 indptr, indices, last, tuple(int(n) for n in lengths), page_size, dtype)
+    if kv_dtype in (None, dtype):
+        return kv
+    check_cache_dtypes(dtype, kv_dtype, summary_dtype or kv_dtype)
+    return quantized(kv, kv_scale, summary_dtype or kv_dtype)
 
 
 TILE = (1 << 22) + 40  # random values tiled into large pools; not a multiple of any page size

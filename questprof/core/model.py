@@ -2,10 +2,12 @@
 
 Notation, per layer: B requests of L tokens each, S tokens per page, P = ceil(L/S) pages per
 request, K = min(budget // S, P) selected pages, Hq query heads, Hkv KV heads, g = Hq / Hkv,
-M = d * dtype bytes per key or value vector, Hs = Hq (per-head) or Hkv (shared modes) score rows.
-The paper's bytes per KV head per request: T_dense = 2ML, T_index = 2MP, T_selected = 2MKS, so
-rho = (T_index + T_selected) / T_dense = 1/S + K/P. Here token counts are exact: the tail page
-holds last = L - (P-1)S valid tokens and only those are read.
+M = d * (bytes of the cache's dtype) per key or value vector, M_s = d * (bytes of the summaries'
+dtype) per min or max vector, Hs = Hq (per-head) or Hkv (shared modes) score rows.
+The paper's bytes per KV head per request: T_dense = 2ML, T_index = 2M_sP, T_selected = 2MKS, so
+rho = (T_index + T_selected) / T_dense = (M_s/M)/S + K/P: 1/S + K/P when summaries and cache
+share a dtype, 2/S + K/P for fp16 summaries over an FP8 cache (queries, outputs: the model's
+dtype). Token counts are exact: the tail page holds last = L - (P-1)S valid tokens, all read.
 
 `cfg` is a questprof.core.config.Config (duck-typed: model, length, batch, page_size, budget, mode);
 `shape` is a questprof.core.config.ModelShape. All bytes and FLOPs are per layer, whole batch.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from questprof.core.fp8 import E4M3
 from questprof.core.layout import DTYPE_BYTES, pages_for
 from questprof.core.stages import QUEST_STAGES, STAGES
 
@@ -49,9 +52,27 @@ def is_dense(k: int, pages: int) -> bool:
     return k >= pages
 
 
-def rho(page_size: int, k: int, pages: int) -> float:
-    """The paper's byte ratio 1/S + K/P, K capped at P (then 1/S + 1: see `is_dense`)."""
-    return 1.0 / page_size + min(k, pages) / pages
+def rho(page_size: int, k: int, pages: int, summary_ratio: float = 1.0) -> float:
+    """The paper's byte ratio (M_s/M)/S + K/P, K capped at P (then 1/S + 1: see `is_dense`)."""
+    return summary_ratio / page_size + min(k, pages) / pages
+
+
+def summary_ratio(shape) -> float:
+    """M_s / M: bytes of a summary vector over those of a key vector (2 for fp16 over FP8)."""
+    return summary_vector_bytes(shape) / vector_bytes(shape)
+
+
+def rho_text(shape) -> str:
+    """Which formula of rho applies to the shape's cache and summaries, in words."""
+    return rho_words(kv_dtype(shape), summary_dtype(shape))
+
+
+def rho_words(kv: str, summary: str) -> str:
+    """'1/S + K/P'; over an FP8 cache '2/S + K/P (fp16 summaries over an FP8 cache)' or FP8's."""
+    formula = f"{DTYPE_BYTES[summary] / DTYPE_BYTES[kv]:g}/S + K/P"
+    if kv != E4M3:
+        return formula
+    return f"{formula} ({'FP8' if summary == E4M3 else summary} summaries over an FP8 cache)"
 
 
 @dataclass(frozen=True)
@@ -79,9 +100,34 @@ class StageWork:
         return self.total_read + self.write
 
 
+def kv_dtype(shape) -> str:
+    """The KV cache's dtype (the model's unless the shape says fp8_e4m3)."""
+    return getattr(shape, "kv_dtype", "") or shape.dtype
+
+
+def summary_dtype(shape) -> str:
+    """The summaries' dtype (the cache's unless the shape says otherwise)."""
+    return getattr(shape, "summary_dtype", "") or kv_dtype(shape)
+
+
 def vector_bytes(shape) -> int:
-    """M: bytes of one key or value vector of one head."""
+    """M: bytes of one key or value vector of one head, in the cache's dtype."""
+    return shape.head_dim * DTYPE_BYTES[kv_dtype(shape)]
+
+
+def summary_vector_bytes(shape) -> int:
+    """M_s: bytes of one min or max vector of one head's page summary."""
+    return shape.head_dim * DTYPE_BYTES[summary_dtype(shape)]
+
+
+def io_vector_bytes(shape) -> int:
+    """Bytes of one query or output vector of one head, in the model's dtype."""
     return shape.head_dim * DTYPE_BYTES[shape.dtype]
+
+
+def scale_bytes(shape, tensors: int) -> int:
+    """float32 per-KV-head scales of `tensors` FP8 tensors (k_scale, v_scale) read by a call."""
+    return tensors * shape.kv_heads * FLOAT_BYTES if kv_dtype(shape) == E4M3 else 0
 
 
 def score_heads(cfg) -> int:
@@ -102,7 +148,7 @@ def union_pages_bound(cfg) -> int:
 def shard_read(shape, summary_pages: int, kv_tokens: int) -> int:
     """Formula bytes (T_index + T_selected) of `summary_pages` page summaries and `kv_tokens` K
     and V vectors, both counted per KV head: one rank's share of context-parallel Quest."""
-    return 2 * vector_bytes(shape) * (summary_pages + kv_tokens)
+    return 2 * (summary_vector_bytes(shape) * summary_pages + vector_bytes(shape) * kv_tokens)
 
 
 def _tokens(pages_read: float, cfg) -> float:
@@ -112,27 +158,32 @@ def _tokens(pages_read: float, cfg) -> float:
 
 def _q_bytes(cfg) -> int:
     m = cfg.model
-    return cfg.batch * m.q_heads * vector_bytes(m)
+    return cfg.batch * m.q_heads * io_vector_bytes(m)
 
 
 def _summary(cfg) -> StageWork:
     """Decode append of one token per request: read its key (and the old min/max unless the
-    token opens a fresh page), write the page's min/max; 2d comparisons per KV head."""
-    m, b, vec = cfg.model, cfg.batch, vector_bytes(cfg.model)
+    token opens a fresh page), write the page's min/max; 2d comparisons per KV head. fp16
+    summaries of an FP8 cache read k_scale to dequantize; FP8 ones compare codes."""
+    m, b = cfg.model, cfg.batch
+    vec, svec = vector_bytes(m), summary_vector_bytes(m)
     fresh = last_page_len(cfg.length, cfg.page_size) == 1
-    read = b * m.kv_heads * (vec + (0 if fresh else 2 * vec))
+    read = b * m.kv_heads * (vec + (0 if fresh else 2 * svec))
     plan = b * 3 * INDEX_BYTES  # AppendPlan: page id, first, end per request
-    return StageWork("summary", read, plan, b * m.kv_heads * 2 * vec,
+    scales = scale_bytes(m, 1) if summary_dtype(m) != kv_dtype(m) else 0
+    return StageWork("summary", read, plan + scales, b * m.kv_heads * 2 * svec,
                      b * m.kv_heads * 2 * m.head_dim)
 
 
 def _estimate(cfg) -> StageWork:
-    """Read 2M per page per KV head (T_index), write float32 scores [Hs, nnz]; ~3d FLOPs per
-    page per q head (two products, a max, an add per dimension, products shared)."""
+    """Read 2M_s per page per KV head (T_index), write float32 scores [Hs, nnz]; ~3d FLOPs per
+    page per q head (two products, a max, an add per dimension, products shared). FP8
+    summaries read k_scale too."""
     m, b = cfg.model, cfg.batch
     nnz = b * pages(cfg.length, cfg.page_size)
-    tables = (nnz + b + 1) * INDEX_BYTES
-    return StageWork("estimate", nnz * m.kv_heads * 2 * vector_bytes(m), _q_bytes(cfg) + tables,
+    tables = (nnz + b + 1) * INDEX_BYTES + (scale_bytes(m, 1) if summary_dtype(m) == E4M3 else 0)
+    return StageWork("estimate", nnz * m.kv_heads * 2 * summary_vector_bytes(m),
+                     _q_bytes(cfg) + tables,
                      score_heads(cfg) * nnz * FLOAT_BYTES, 3 * m.head_dim * m.q_heads * nnz)
 
 
@@ -162,7 +213,8 @@ def _attention(cfg, union_pages: float | None) -> StageWork:
             read_pages = float(union_pages)
     kv = b * m.kv_heads * 2 * vector_bytes(m) * _tokens(read_pages, cfg)
     tables = (2 * hs * b * k + 3 * b + 1) * INDEX_BYTES  # positions, their page ids, indptr/last/count
-    write = b * m.q_heads * (vector_bytes(m) + FLOAT_BYTES)  # out + lse
+    tables += scale_bytes(m, 2)
+    write = b * m.q_heads * (io_vector_bytes(m) + FLOAT_BYTES)  # out + lse
     flops = b * m.q_heads * _tokens(k, cfg) * 4 * m.head_dim
     return StageWork("attention", kv, _q_bytes(cfg) + tables, write, flops, bound)
 
@@ -172,8 +224,8 @@ def _dense(cfg) -> StageWork:
     m, b = cfg.model, cfg.batch
     nnz = b * pages(cfg.length, cfg.page_size)
     kv = b * m.kv_heads * 2 * vector_bytes(m) * cfg.length
-    tables = (nnz + 2 * b + 1) * INDEX_BYTES  # kv_indices, indptr, last_page_len
-    write = b * m.q_heads * (vector_bytes(m) + FLOAT_BYTES)
+    tables = (nnz + 2 * b + 1) * INDEX_BYTES + scale_bytes(m, 2)  # kv_indices, indptr, last
+    write = b * m.q_heads * (io_vector_bytes(m) + FLOAT_BYTES)
     return StageWork("dense", kv, _q_bytes(cfg) + tables, write,
                      b * m.q_heads * cfg.length * 4 * m.head_dim)
 
@@ -230,21 +282,26 @@ def step_attention_time(shape, dense_time: float, quest_time: float) -> float:
     return shape.dense_layers * dense_time + (shape.layers - shape.dense_layers) * quest_time
 
 
+def _hidden(shape) -> int:
+    """The model's hidden size as the weights count it: all its q heads x head_dim."""
+    return shape.q_heads * getattr(shape, "tp", 1) * shape.head_dim
+
+
 def mlp_width(shape) -> int:
     """MLP intermediate size: the shape's, else 8/3 * hidden rounded up to 256 (11008 at 4096)."""
     if shape.intermediate:
         return shape.intermediate
-    hidden = shape.q_heads * shape.head_dim
-    return -(-(8 * hidden) // (3 * 256)) * 256
+    return -(-(8 * _hidden(shape)) // (3 * 256)) * 256
 
 
 def weight_params(shape) -> int:
-    """Weights read by one decode step, hidden = q_heads * head_dim:
-    per layer q/o projections 2h^2, k/v 2h * kv_heads * d, gated MLP 3h * intermediate;
-    plus the LM head vocab * h. Norms and the embedding row (one per request) are negligible."""
-    hidden = shape.q_heads * shape.head_dim
-    attn = 2 * hidden * hidden + 2 * hidden * shape.kv_heads * shape.head_dim
-    return shape.layers * (attn + 3 * hidden * mlp_width(shape)) + shape.vocab * hidden
+    """Weights one GPU reads in a decode step, h = q_heads * tp * head_dim: per layer q/o
+    2h * q_heads * d (2h^2 at tp 1), k/v 2h * kv_heads * d (replicated heads on every GPU),
+    gated MLP 3h * intermediate / tp; the LM head vocab * h / tp. Norms and the embedding row
+    (one per request) are negligible."""
+    tp, hidden = getattr(shape, "tp", 1), _hidden(shape)
+    attn = 2 * hidden * (shape.q_heads + shape.kv_heads) * shape.head_dim
+    return shape.layers * (attn + 3 * hidden * mlp_width(shape) // tp) + shape.vocab * hidden // tp
 
 
 def weight_bytes(shape, bits: float = 16) -> float:
@@ -257,7 +314,7 @@ def kv_pool_bytes(cfg) -> int:
     [N, Hkv, 2, d]), N = B * P: to check a point fits before building it."""
     m = cfg.model
     n = cfg.batch * pages(cfg.length, cfg.page_size)
-    return n * m.kv_heads * vector_bytes(m) * (2 * cfg.page_size + 2)
+    return n * m.kv_heads * 2 * (vector_bytes(m) * cfg.page_size + summary_vector_bytes(m))
 
 
 def predicted_4bit(fraction: float, speedup: float, weight_ratio: float) -> float:

@@ -1,7 +1,10 @@
 """NumPy float64 reference of every Quest stage: the specification the kernels are checked against.
 
 Inputs are float64 values (see layout.from_storage), or fp16/fp32 arrays that are widened to
-float64 page by page as they are read; page tables are int arrays.
+float64 page by page as they are read; an FP8 cache is read dequantized (layout.kv_values,
+layout.summary_values: e4m3 value x scale, exact in float64), and summary() returns exact
+min/max that layout.encode_summary rounds outward into the summary dtype. Page tables are int
+arrays.
 Shapes: q [B, Hq, d]; k, v [N, Hkv, S, d]; summary [N, Hkv, 2, d];
 scores [Hs, nnz] aligned with kv_indices, Hs = Hq for `per-head`, Hkv for the shared modes;
 selections [Hs, B, K] page positions within each request (ascending, -1 padded) and count [B].

@@ -1,4 +1,6 @@
-"""Scenarios: TOML files of a model shape and a sweep grid, and their expansion into Configs.
+"""Scenarios: TOML files of a model shape and a sweep grid (or a Hugging Face config.json, which
+gets a default grid), command-line changes to the shape (ShapeOptions: the KV cache's dtypes and
+tensor parallelism), and their expansion into Configs.
 
 Every problem with a scenario file raises ConfigError with one line naming the file and field.
 """
@@ -11,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from questprof import SCENARIOS_DIR
-from questprof.core.config import (Config, ConfigError, ModelShape, check_modes, parse_sizes,
-                                   validate_budget, validate_page_size)
+from questprof.core.config import (DTYPE_ALIASES, DTYPES, Config, ConfigError, ModelShape,
+                                   check_modes, parse_sizes, validate_budget, validate_page_size)
+from questprof.core.fp8 import E4M3
+from questprof.core.hf_config import config_path, shape_fields
+from questprof.core.sharding import tensor_parallel
 
 try:
     import tomllib
@@ -43,6 +48,37 @@ class Scenario:
     grid: Grid
     path: Path
     description: str = ""
+    note: str = ""  # what a run should say first (where a config.json's shape and grid came from)
+    source: str = ""  # where the shape was published (a model's config.json, its fields)
+
+
+@dataclass(frozen=True)
+class ShapeOptions:
+    """Changes to a scenario's model from the command line (None: the scenario's own):
+    kv_dtype fp16 / bf16 (queries too: a plain cache holds their dtype) or fp8 / fp8_e4m3;
+    summary_dtype fp16 or fp8 (over an FP8 cache); kv_scale tensor or head; tp GPUs."""
+
+    kv_dtype: str | None = None
+    summary_dtype: str | None = None
+    kv_scale: str | None = None
+    tp: int | None = None
+
+    @classmethod
+    def from_args(cls, args: dict) -> "ShapeOptions":
+        return cls(args.get("kv_dtype"), args.get("summary_dtype"), args.get("kv_scale"),
+                   args.get("tp"))
+
+    @property
+    def plain_dtype(self) -> str | None:
+        """The dtype --kv-dtype gives queries and cache alike (None for FP8 or not given)."""
+        kv = DTYPE_ALIASES.get(self.kv_dtype, self.kv_dtype)
+        return kv if kv in DTYPES else None
+
+
+# The grid of a config.json, which holds none (said before a run: Scenario.note)
+HF_GRID = Grid(lengths=tuple(8192 << i for i in range(5)), batches=(1, 8), page_sizes=(16,),
+               budgets=(1024, 2048, 4096))
+HF_GRID_TEXT = "lengths 8k..128k, batch 1,8, page size 16, budgets 1024,2048,4096, per-head"
 
 
 def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
@@ -62,8 +98,10 @@ def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
 
 
 _MODEL_FIELDS = {"name": str, "layers": int, "q_heads": int, "kv_heads": int, "head_dim": int,
-                 "dtype": str, "dense_layers": int, "intermediate": int, "vocab": int}
-_MODEL_OPTIONAL = {"dense_layers", "intermediate", "vocab"}
+                 "dtype": str, "dense_layers": int, "intermediate": int, "vocab": int,
+                 "kv_dtype": str, "summary_dtype": str, "kv_scale": str, "tp": int}
+_MODEL_OPTIONAL = {"dense_layers", "intermediate", "vocab", "kv_dtype", "summary_dtype",
+                   "kv_scale", "tp"}
 _GRID_FIELDS = {"lengths": "sizes", "batch": "sizes", "page_sizes": "sizes", "budgets": "sizes",
                 "modes": list, "seed": int}
 _GRID_OPTIONAL = {"modes", "seed"}
@@ -101,15 +139,39 @@ def _typed(table: dict, fields: dict, prefix: str, where: str) -> dict:
     return out
 
 
-def _parse_scenario(data: dict, path: Path) -> Scenario:
+def model_shape(fields: dict, options: ShapeOptions, where: str) -> ModelShape:
+    """One GPU's ModelShape from a model's fields (heads of the whole model, `tp` among them)
+    and the command line's changes; one ConfigError line naming `where` when they clash."""
+    fields = dict(fields)
+    tp = fields.pop("tp", 1)
+    tp = tp if options.tp is None else options.tp
+    kv = DTYPE_ALIASES.get(options.kv_dtype, options.kv_dtype)
+    if kv in DTYPES:  # a plain cache holds the queries' dtype: both change
+        fields.update(dtype=kv, kv_dtype="")
+    elif kv is not None:
+        fields["kv_dtype"] = kv
+    if kv is not None and kv != E4M3:  # the file's summaries and scales were its FP8 cache's
+        fields = {k: v for k, v in fields.items() if k not in ("summary_dtype", "kv_scale")}
+    for name in ("summary_dtype", "kv_scale"):
+        if getattr(options, name) is not None:
+            fields[name] = getattr(options, name)
+    try:
+        return tensor_parallel(ModelShape(**fields), tp)
+    except ConfigError as exc:
+        message = str(exc)
+        raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+
+
+def _parse_scenario(data: dict, path: Path, options: ShapeOptions) -> Scenario:
     where = str(path)
-    unknown = sorted(set(data) - {"model", "grid", "description"})
+    unknown = sorted(set(data) - {"model", "grid", "description", "source"})
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]} (expected [model], [grid], description)")
+        raise ConfigError(f"{where}: unknown field {unknown[0]} (expected [model], [grid], "
+                          f"description, source)")
     m = _table(data, "model", _MODEL_FIELDS, _MODEL_OPTIONAL, where)
     g = _table(data, "grid", _GRID_FIELDS, _GRID_OPTIONAL, where)
+    shape = model_shape(_typed(m, _MODEL_FIELDS, "model", where), options, where)
     try:
-        shape = ModelShape(**_typed(m, _MODEL_FIELDS, "model", where))
         scalars = _typed(g, _GRID_FIELDS, "grid", where)
         grid = Grid(lengths=_sizes(g["lengths"], "grid.lengths", where),
                     batches=_sizes(g["batch"], "grid.batch", where),
@@ -120,10 +182,11 @@ def _parse_scenario(data: dict, path: Path) -> Scenario:
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise ConfigError(f"{where}: field description must be a string")
-    return Scenario(path.stem, shape, grid, path, description)
+    for text in ("description", "source"):
+        if not isinstance(data.get(text, ""), str):
+            raise ConfigError(f"{where}: field {text} must be a string")
+    return Scenario(path.stem, shape, grid, path, data.get("description", ""),
+                    source=data.get("source", ""))
 
 
 def list_scenarios() -> list[str]:
@@ -132,9 +195,15 @@ def list_scenarios() -> list[str]:
 
 
 def _scenario_path(name_or_path) -> Path:
+    """A .toml file, or the config.json of a Hugging Face model (the file or its folder)."""
     text = str(name_or_path)
-    if isinstance(name_or_path, Path) or text.endswith(".toml") or "/" in text or "\\" in text:
+    if (isinstance(name_or_path, Path) or text.endswith((".toml", ".json")) or "/" in text
+            or "\\" in text):
         path = Path(text)
+        if config_path(path) is not None:
+            return config_path(path)
+        if path.is_dir():
+            raise ConfigError(f"{text} is a folder without a config.json")
         if not path.is_file():
             raise ConfigError(f"scenario file {text} not found")
         return path
@@ -145,14 +214,21 @@ def _scenario_path(name_or_path) -> Path:
     return path
 
 
-def load_scenario(name_or_path) -> Scenario:
-    """A scenario by name (SCENARIOS_DIR/<name>.toml) or by path to a .toml file."""
+def load_scenario(name_or_path, options: ShapeOptions | None = None) -> Scenario:
+    """A scenario by name (SCENARIOS_DIR/<name>.toml), by path to a .toml file, or from a
+    Hugging Face config.json (the file or its model folder; HF_GRID), changed by `options`."""
+    options = options or ShapeOptions()
     path = _scenario_path(name_or_path)
+    if path.suffix == ".json":
+        fields, note = shape_fields(path, options.plain_dtype)
+        shape = model_shape(fields, options, str(path))
+        note = f"{note}; a config.json holds no grid: {HF_GRID_TEXT} unless given"
+        return Scenario(shape.name, shape, HF_GRID, path, note, note, str(path))
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return _parse_scenario(data, path)
+    return _parse_scenario(data, path, options)
 
 
 def _override(value, default, what: str) -> tuple[int, ...]:
@@ -201,7 +277,7 @@ def configs_from_args(args: dict):
         least = 0 if name == "warmup" else 1
         if args.get(name) is not None and args[name] < least:
             raise ConfigError(f"--{name} {args[name]} must be at least {least}")
-    scenario = load_scenario(args["scenario"])
+    scenario = load_scenario(args["scenario"], ShapeOptions.from_args(args))
     modes = args["mode"].split(",") if args.get("mode") else None
     configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
                      page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes)

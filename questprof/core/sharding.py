@@ -16,11 +16,37 @@ The cheap variant skips phases 1-2: each rank keeps its own K/N best pages (`loc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from questprof.core.layout import PagedKV
+
+
+def tensor_parallel(shape, tp: int):
+    """One GPU's share of a model shape under head-parallel tensor parallelism over tp GPUs, as
+    vLLM shards attention: q_heads / tp query heads over kv_heads / tp KV heads, or over one
+    KV head replicated on tp / kv_heads GPUs when kv_heads < tp (Llama-3.1-70B's 64 / 8 heads on
+    8 GPUs: 8 q heads over 1 KV head). A split that does not divide the heads is a ConfigError
+    in one line. `shape` holds the whole model's heads (tp 1)."""
+    from dataclasses import replace
+
+    from questprof.core.config import ConfigError
+
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ConfigError(f"tp {tp!r} must be a whole number of GPUs, at least 1")
+    if shape.tp != 1:
+        raise ConfigError(f"model {shape.name} is already split over tp {shape.tp}")
+    if tp == 1:
+        return shape
+    q, kv = shape.q_heads, shape.kv_heads
+    if q % tp:
+        raise ConfigError(f"tp {tp}: model {shape.name}'s {q} q heads do not split evenly over "
+                          f"{tp} GPUs")
+    if kv >= tp and kv % tp or kv < tp and tp % kv:
+        raise ConfigError(f"tp {tp}: model {shape.name}'s {kv} KV heads neither split evenly "
+                          f"over {tp} GPUs nor replicate evenly ({tp} is not a multiple of {kv})")
+    return replace(shape, q_heads=q // tp, kv_heads=max(kv // tp, 1), tp=tp)
 
 
 def _xp(array):
@@ -60,9 +86,10 @@ def local_kv(kv: PagedKV, shard: Shard) -> PagedKV:
     last = np.where(shard.hi == full, kv.last_page_len, kv.page_size).astype(np.int32)
     lengths = tuple(int(n) for n in np.maximum((counts - 1) * kv.page_size + last, 0))
     take = _xp(kv.k).asarray(ids)
-    return PagedKV(kv.k[take], kv.v[take], kv.summary[take],
-                   np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
-                   np.arange(len(ids), dtype=np.int32), last, lengths, kv.page_size, kv.dtype)
+    return replace(kv, k=kv.k[take], v=kv.v[take], summary=kv.summary[take],
+                   kv_indptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int32),
+                   kv_indices=np.arange(len(ids), dtype=np.int32), last_page_len=last,
+                   lengths=lengths)
 
 
 def tables_only(kv: PagedKV) -> PagedKV:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from questprof.core import model
+from questprof.core.fp8 import E4M3
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes
 from questprof.report import fidelity as fidelity_report
 from questprof.report.frames import PANEL, fmt_tokens, fmt_x
@@ -142,9 +144,19 @@ def _header(df: pd.DataFrame, meta: dict) -> str:
     banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""
     if meta.get("fallback_reason"):
         banner += f"<p class=\"banner\">Fell back: {esc(meta['fallback_reason'])}</p>"
+    banner += _cache_note(df)
     nav = " ".join(f"<a href=\"#{a}\">{t}</a>" for a, t in SECTIONS + fidelity_report.nav(df))
     command = f"<p class=\"note\"><code>{esc(meta['command'])}</code></p>" if meta.get("command") else ""
     return f"<h1>{esc(title)}</h1>{command}{banner}<nav>{nav}</nav>", title
+
+
+def _cache_note(df: pd.DataFrame) -> str:
+    """Which rho formula the run's FP8 caches follow (none for plain caches: 1/S + K/P)."""
+    if not {"kv_dtype", "summary_dtype"} <= set(df.columns):
+        return ""
+    caches = df[["kv_dtype", "summary_dtype"]].dropna().drop_duplicates()
+    words = [model.rho_words(k, s) for k, s in caches.itertuples(index=False) if k == E4M3]
+    return f"<p class=\"note\">FP8 KV cache: rho = {esc('; '.join(words))}</p>" if words else ""
 
 
 SECTIONS = (("glance", "At a glance"), ("crossover", "1. Crossover"), ("speedup", "2. Speedup"),

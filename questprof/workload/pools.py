@@ -17,6 +17,7 @@ import numpy as np
 
 from questprof.core import model
 from questprof.core.config import ConfigError
+from questprof.core.fp8 import kv_scale, to_e4m3
 from questprof.core.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
                                    random_queries, tiled, to_storage)
 
@@ -25,6 +26,7 @@ L2_DEFAULT = 60 << 20  # an H200's L2, when the device's own figure cannot be re
 ALIGN = 256  # layer offsets into the tile, in elements: keeps every pool 512-byte aligned
 FREE_FRACTION = 0.9  # use at most this share of free memory
 HOST_COPIES = 6  # NumPy backend: the pool, and float64 copies of K and V in reference.attention
+PLAIN_KV = ("fp16", "bf16", "fp32")  # the caches a backend runs when it lists none (kv_dtypes)
 
 
 class DoesNotFit(RuntimeError):
@@ -96,9 +98,18 @@ def sim_layers(cfg, backend, layers: int | None = None) -> int:
     return model.cold_layers(cfg, l2_bytes(), budget)
 
 
+def check_cache(shape, backend) -> None:
+    """One line (ConfigError) when the backend does not run the shape's KV cache dtype."""
+    kv = model.kv_dtype(shape)
+    if kv not in getattr(backend, "kv_dtypes", PLAIN_KV):
+        raise ConfigError(f"model {shape.name}: {kv} KV caches do not run on the "
+                          f"{backend.name} backend yet (--backend numpy runs them)")
+
+
 def fit_need(cfg, backend, layers: int) -> tuple[int, int | None]:
-    """(bytes the pools of `layers` layers need, bytes free) where they would live."""
-    copies = 1 if backend.is_gpu else HOST_COPIES
+    """(bytes the pools of `layers` layers need, bytes free) where they would live (the NumPy
+    backend's float64 working copies are twice as many pool bytes over an FP8 cache)."""
+    copies = 1 if backend.is_gpu else HOST_COPIES * (2 if cfg.model.is_fp8 else 1)
     return copies * layers * model.kv_pool_bytes(cfg) + 4 * TILE * 4, free_bytes(backend)
 
 
@@ -133,21 +144,35 @@ def _xp(backend):
     return np
 
 
+def pool_tile(m, rng) -> tuple[np.ndarray, np.ndarray | None]:
+    """The random block every pool of shape m is tiled from, in K/V storage, and for an FP8
+    cache the float32 [Hkv] scales: amax / 448 of the block, quantized to nearest even. Every
+    head draws from the same block, so per-head scales come out equal in value (the kernels read
+    them per head either way)."""
+    values = rng.standard_normal(TILE, dtype=np.float32)
+    if not m.is_fp8:
+        return to_storage(values, m.dtype), None
+    scale = kv_scale(values.reshape(1, 1, 1, -1))[0]
+    return to_e4m3(values / np.float64(scale)), np.full(m.kv_heads, scale, dtype=np.float32)
+
+
 def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
     """Random K/V pools for each layer, sharing one page table; summaries built by prefill."""
     m, xp, lengths = cfg.model, _xp(backend), [cfg.length] * cfg.batch
     n = cfg.batch * cfg.pages
     tables = page_tables(lengths, cfg.page_size, n, rng)
-    tile = backend.asarray(to_storage(rng.standard_normal(TILE, dtype=np.float32), m.dtype))
-    nan = to_storage(np.array([np.nan]), m.dtype)[0]
+    tile, scales = pool_tile(m, rng)
+    tile = backend.asarray(tile)
+    nan = to_storage(np.array([np.nan]), model.summary_dtype(m))
     shape = (n, m.kv_heads, cfg.page_size, m.head_dim)
     prefill = _device_plan(backend, append_plan(*tables, lengths, cfg.page_size))
     kvs = []
     for layer in range(layers):
         k, v = (tiled(xp, tile, shape, ALIGN * (2 * layer + i)) for i in (0, 1))
-        summ = xp.full((n, m.kv_heads, 2, m.head_dim), nan, dtype=tile.dtype)
+        summ = xp.full((n, m.kv_heads, 2, m.head_dim), nan[0], dtype=nan.dtype)
         kv = backend.put(PagedKV(k, v, summ, *(backend.asarray(t) for t in tables),
-                                 tuple(lengths), cfg.page_size, m.dtype))
+                                 tuple(lengths), cfg.page_size, m.dtype, model.kv_dtype(m),
+                                 model.summary_dtype(m), scales, scales))
         backend.summary(kv, prefill)
         kvs.append(kv)
     return kvs, tables
@@ -164,6 +189,7 @@ class Workload:
     PEERS = ("torch-sdpa", "torch-naive", "torch-gather")
 
     def __init__(self, cfg, backend, layers: int):
+        check_cache(cfg.model, backend)
         reason = fit_reason(cfg, backend, layers)
         if reason is not None:
             raise DoesNotFit(reason)
