@@ -72,15 +72,16 @@ QP_DEVICE bool last_split(int splits, int* __restrict__ row_done) {
 
 // Row blockIdx.y's outputs from its splits' partials, by the whole CTA: one pass with a running
 // maximum per output, each thread's PB outputs x CH splits loaded together, so 33 splits of
-// G = 4 (llama3-8b dense, batch 1) cost 5 dependent loads, not 20. More than 8 outputs per thread
-// (G x D > 1024: G 16, or G 8 at D 192 / 256) go in passes of 8, to stay in registers.
+// G = 4 (llama3-8b dense, batch 1) cost 5 dependent loads, not 20. More than PASS outputs per
+// thread go in passes of PASS, to stay in registers: 8 in the measured builds (as timed), 4 in the
+// others (D 256 / G 4 spilled 4 bytes at 255 registers with 8).
 // L2 loads (__ldcg): the partials were written by other CTAs of this launch, so not through the
 // read-only cache.
-template <typename T, int G, int D>
+template <typename T, int G, int D, int PASS>
 QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __restrict__ out,
                             float* __restrict__ lse, int splits, int q_heads, const RowPlan& r) {
   constexpr int THREADS = ATT_WARPS * 32, PER = (G * D + THREADS - 1) / THREADS;
-  constexpr int PB = PER < 8 ? PER : 8, CH = PB >= 8 ? 4 : 8;
+  constexpr int PB = PER < PASS ? PER : PASS, CH = PB >= 8 ? 4 : 8;
   const float NEG_INF = -__int_as_float(0x7f800000);
   const int row = blockIdx.y, n_out = r.nq * D;
 #pragma unroll 1
@@ -131,9 +132,11 @@ QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __
   }
 }
 
-// Combine the 4 warps' states through shared memory and write (o, lse) of this split.
-template <typename T, int D, int G, class St>
-QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits,
+// Combine the 4 warps' states through shared memory and write (o, lse) of this split. SCALE_O:
+// the outputs times o_scale (E4M3 caches: v_scale x 2^8, the values' unit); MEASURED: a build
+// timed on the H200.
+template <typename T, int D, int G, bool SCALE_O, bool MEASURED, class St>
+QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, float o_scale,
                        uint16_t* __restrict__ out, float* __restrict__ lse,
                        float* __restrict__ ws_o, float* __restrict__ ws_lse,
                        int* __restrict__ row_done, float (*s_acc)[G][D], float (*s_m)[G],
@@ -154,7 +157,9 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits,
       L += s_l[w][h] * f;
       A += s_acc[w][h][dim] * f;
     }
-    const float o = L > 0.f ? A / L : 0.f, lse2 = L > 0.f ? M + log2f(L) : M;
+    float o = L > 0.f ? A / L : 0.f;
+    if (SCALE_O) o *= o_scale;
+    const float lse2 = L > 0.f ? M + log2f(L) : M;
     if (splits == 1) {
       const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
       out[qh * D + dim] = Storage<T>::from_float(o);
@@ -166,26 +171,34 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits,
     }
   }
   if (splits > 1 && last_split(splits, row_done))
-    merge_splits<T, G, D>(ws_o, ws_lse, out, lse, splits, q_heads, r);
+    merge_splits<T, G, D, MEASURED ? 8 : 4>(ws_o, ws_lse, out, lse, splits, q_heads, r);
 }
 
-// The combine arrays: static shared memory for the variants timed on the H200 (measured_variant),
-// the warps' rings for the others (G 16 at D 256 would need 64 KiB more), after
-// a barrier: every warp has finished reading its ring.
-template <typename T, int D, int G, class St>
-QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits,
+// The variants timed on the H200 (fp16 / bf16 caches at measured_variant's head dims and tiles).
+template <typename T, typename KV, int D, int G>
+constexpr bool measured_build = same_tag<T, KV> && measured_variant(D, G);
+
+// The combine arrays: static shared memory for the variants timed on the H200, the warps' rings
+// for the others (G 16 at D 256 would need 64 KiB more), after a barrier: every warp has
+// finished reading its ring.
+template <typename T, typename KV, int D, int G, class St>
+QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, float o_scale,
                       uint16_t* __restrict__ out, float* __restrict__ lse,
                       float* __restrict__ ws_o, float* __restrict__ ws_lse,
                       int* __restrict__ row_done, uint4* ring) {
-  if constexpr (!measured_variant(D, G)) {
-    static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<D, G>(), "rings hold the arrays");
+  constexpr bool SCALE_O = is_e4m3<KV>;
+  if constexpr (!measured_build<T, KV, D, G>) {
+    static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<KV, D, G>(),
+                  "rings hold the arrays");
     __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     __syncthreads();
-    combine<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done,
-                     reinterpret_cast<float (*)[G][D]>(ring), s_m, s_l);
+    combine<T, D, G, SCALE_O, false>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse,
+                                     row_done, reinterpret_cast<float (*)[G][D]>(ring), s_m,
+                                     s_l);
   } else {
     __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
-    combine<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done, s_acc, s_m, s_l);
+    combine<T, D, G, SCALE_O, true>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse,
+                                    row_done, s_acc, s_m, s_l);
   }
 }
 
@@ -193,22 +206,26 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits,
 // row_done [B * kv_heads * chunks] int32 must be 0 at launch, and is 0 again when the kernel ends.
 // count is [B], or [Hs, B] when count_per_head (selections of different sizes per head); a row
 // with no page writes out = 0 and lse = -inf, a partial that a log-sum-exp merge ignores.
-// S = 0: the page size is 1 << page_shift (otherwise page_shift is unused).
+// S = 0: the page size is 1 << page_shift (otherwise page_shift is unused). KV: the cache's
+// storage, T's own or E4M3 codes with k_scale, v_scale [Hkv] (nullptr for 16-bit caches):
+// key = e4m3(k) x k_scale[h], folded into the score as q.(s k) = s (q.k), value likewise into
+// the output.
 // Minimum CTAs per SM: none for the measured builds (as timed); 2 for the others (page size at
 // launch included), the count their shared memory allows, so ptxas does not spill a few bytes to
 // fit a register count for 4 or 8 (D 80 / G 8 spilled 4 bytes at 128 registers, D 256 / G 1 at
 // 64, D 128 / G 2 / S 0 at 96, without it).
-template <typename T, int D, int S, int G>
-__global__ void __launch_bounds__(ATT_WARPS * 32, measured_variant(D, G) && S > 0 ? 0 : 2)
-attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
-                 const uint16_t* __restrict__ v, const int* __restrict__ indptr,
+template <typename T, typename KV, int D, int S, int G>
+__global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
+attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
+                 const word_t<KV>* __restrict__ v, const int* __restrict__ indptr,
                  const int* __restrict__ indices, const int* __restrict__ last_len,
                  const int* __restrict__ sel, const int* __restrict__ count, int batch,
                  int q_heads, int kv_heads, int chunks, int chunk_size, int sel_per_q, int k_sel,
                  int count_per_head, int pages_per_split, int page_shift, float scale_log2,
                  uint16_t* __restrict__ out, float* __restrict__ lse, float* __restrict__ ws_o,
-                 float* __restrict__ ws_lse, int* __restrict__ row_done) {
-  using St = Tile<T, D, G>;
+                 float* __restrict__ ws_lse, int* __restrict__ row_done,
+                 const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
+  using St = Tile<T, KV, D, G>;
   const Paging<S> pg(page_shift);
   // ATT_WARPS x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
   // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async took twice
@@ -221,6 +238,11 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
   // launch this runs while top-K still selects. The selection and its count come after.
   RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, chunks, chunk_size, sel_per_q);
   St st;
+  float o_scale = 1.f;
+  if constexpr (is_e4m3<KV>) {  // the cache's scales: inputs of the step too
+    scale_log2 *= k_scale[r.kv_head] * E4M3_UNIT;
+    o_scale = v_scale[r.kv_head] * E4M3_UNIT;
+  }
   st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2, r.nq);
   grid_wait();
   grid_release();  // empty in quest()'s build (the next layer's estimate launches as this ends)
@@ -268,7 +290,8 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
     st.tile(ring + (j % St::NS) * St::STAGE, pg, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
             lane);
   }
-  finish<T, D, G>(st, r, q_heads, splits, out, lse, ws_o, ws_lse, row_done, att_ring);
+  finish<T, KV, D, G>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse, row_done,
+                      att_ring);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
@@ -276,6 +299,7 @@ attention_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ k,
 namespace qp_instantiate {
 // Page size as a template argument only for the measured variants at the measured page sizes;
 // one S 0 build per (D, G) serves the other page sizes (backends/variants.py, page_template).
+// E4M3 caches: every head dim and tile, under fp16 and bf16 queries, page size at launch.
 constexpr bool fixed_page(int d, int g, int s) {
   return measured_variant(d, g) && qp_contains(QP_MEASURED_PAGE_SIZES, s);
 }
@@ -285,13 +309,16 @@ constexpr bool any_page_at_launch(int d, int g) {
   return false;
 }
 struct Attention {
-  template <int T, int D, int G, int S> static void run() {
-    if constexpr (builds_head_dim(D) && fixed_page(D, G, S))
-      (void)&attention_kernel<Tag<T>, D, S, G>;
-    if constexpr (builds_head_dim(D) && S == QP_PAGE_SIZES[0] && any_page_at_launch(D, G))
-      (void)&attention_kernel<Tag<T>, D, 0, G>;
+  template <int T, int KV, int D, int G, int S> static void run() {
+    if constexpr (builds_head_dim(D) && KV == T && fixed_page(D, G, S))
+      (void)&attention_kernel<Tag<T>, Tag<KV>, D, S, G>;
+    constexpr bool at_launch = KV == E4M3 || (KV == T && any_page_at_launch(D, G));
+    if constexpr (builds_head_dim(D) && S == QP_PAGE_SIZES[0] && at_launch)
+      (void)&attention_kernel<Tag<T>, Tag<KV>, D, 0, G>;
   }
 };
-void attention_all() { Cross<Attention>::run<DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_PAGE_SIZES>(); }
+void attention_all() {
+  Cross<Attention>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_PAGE_SIZES>();
+}
 }  // namespace qp_instantiate
 #endif

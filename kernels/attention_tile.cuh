@@ -22,7 +22,7 @@ template <int G> struct Pipe {
 
 // 16-byte global -> shared copy that bypasses registers and L1; src_size 0 writes zeros and
 // reads nothing (masked tail slots: their NaN / huge values are never fetched).
-QP_DEVICE void cp_async16(uint4* dst, const uint16_t* src, bool ok) {
+QP_DEVICE void cp_async16(uint4* dst, const void* src, bool ok) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(src),
                "r"(ok ? 16 : 0) : "memory");
@@ -57,44 +57,66 @@ template <class PG> QP_DEVICE bool token_valid(const PG& pg, const int* s_valid,
 }
 
 // A warp's ring of NS stages; a stage holds TT rows of D values for K, then TT for V, 16-byte
-// piece c of row t at slot(t, c), a row taking RS slots. The tile's TT x P pieces are copied in
-// order, 32 at a time: copy x = 32 i + l (lane l) is piece x % P of row x / P (with P dividing 32:
-// piece l % P of rows l / P + (32 / P) i). TT = NL x 32 / row_lanes(D): 32 tokens at D 64, 16 at
-// D 80 to 128, 8 at D 192 and 256, so a tile is NL x 512 bytes of K (less at D 80, 96, 192).
-// SWIZZLE XORs the piece with t % 8, so the 8 rows an ldmatrix reads at once sit in 8 different
-// bank groups (unswizzled, the 256-byte rows of D 128 put all 8 in one); rows are then padded to
-// a multiple of 8 pieces (D 80 and 96: 16). CoreTile reads only its own lane's pieces and needs
-// neither.
-template <int D, int G, bool SWIZZLE>
+// piece c of row t at slot(t, c), a row taking RS slots (a piece: 8 16-bit values, or 16 E4M3
+// codes). The tile's TT x P pieces are copied in order, 32 at a time: copy x = 32 i + l (lane l)
+// is piece x % P of row x / P (with P dividing 32: piece l % P of rows l / P + (32 / P) i).
+// TT = NL x 32 / (P rounded up to a power of two): for 16-bit values 32 tokens at D 64, 16 at
+// D 80 to 128, 8 at D 192 and 256, so a tile is NL x 512 bytes of K (less at D 80, 96, 192);
+// E4M3 caches take twice the tokens in the same bytes. SWIZZLE XORs the piece with t % 8, so the
+// 8 rows an ldmatrix reads at once sit in 8 different bank groups (unswizzled, the 256-byte rows
+// of D 128 put all 8 in one); rows are then padded to a multiple of 8 pieces (16-bit D 80 and 96:
+// 16), except rows of 4 pieces (E4M3 at D 64), which XOR with (t / 2) % 4. CoreTile reads only
+// its own lane's pieces and needs neither.
+template <typename KV, int D, int G, bool SWIZZLE>
 struct Ring {
-  static constexpr int P = D / VEC, LANES = row_lanes(D), TPL = 32 / LANES;
+  static constexpr int VP = 16 / int(sizeof(word_t<KV>));  // values per piece
+  static constexpr int P = D / VP, LANES = pow2_at_least(P), TPL = 32 / LANES;
   static constexpr int NL = Pipe<G>::NL, NS = Pipe<G>::NS;
-  static constexpr int TT = NL * TPL;                        // tokens per warp tile
-  static constexpr int RS = SWIZZLE ? (P + 7) / 8 * 8 : P;  // slots per row
+  static constexpr int TT = NL * TPL;                                        // tokens per tile
+  static constexpr int RS = !SWIZZLE ? P : P == 4 ? 4 : (P + 7) / 8 * 8;   // slots per row
   static constexpr int NC = TT * P / 32;                     // copies per lane, of K and of V
   static constexpr int STAGE = 2 * TT * RS;                  // uint4 per ring stage
   static_assert(TT * P % 32 == 0, "a tile is whole rounds of 32 copies");
   static_assert(SWIZZLE || P == LANES, "the unswizzled ring needs D / 8 a power of two");
-  static QP_DEVICE int slot(int t, int c) { return t * RS + (SWIZZLE ? c ^ (t % 8) : c); }
+  static QP_DEVICE int slot(int t, int c) {
+    return t * RS + (!SWIZZLE ? c : RS == 4 ? c ^ ((t >> 1) % 4) : c ^ (t % 8));
+  }
 
-  // Start the copies of tile tok0 into ring stage `buf`.
+  // Start the copies of tile tok0 into ring stage `buf`. A tile no longer than the smallest page
+  // (8 tokens: 16-bit D 192 and 256) never spans two pages, tok0 being a multiple of TT: its page
+  // is looked up once (without it, D 256 / G 4 needed more than 255 registers).
   template <class PG>
-  static QP_DEVICE void issue(uint4* buf, const uint16_t* __restrict__ k,
-                              const uint16_t* __restrict__ v, const PG& pg, const int* s_page,
+  static QP_DEVICE void issue(uint4* buf, const word_t<KV>* __restrict__ k,
+                              const word_t<KV>* __restrict__ v, const PG& pg, const int* s_page,
                               const int* s_valid, int nb, int tok0, int kv_heads, int kv_head,
                               int lane) {
+    if constexpr (TT <= QP_PAGE_SIZES[0]) {
+      const int pl = pg.page(tok0), s0 = pg.slot(tok0), valid = pl < nb ? s_valid[pl] - s0 : 0;
+      const size_t base =
+          valid > 0 ? (((size_t)s_page[pl] * kv_heads + kv_head) * pg.size() + s0) * D : 0;
 #pragma unroll
-    for (int i = 0; i < NC; ++i) {
-      const int x = i * 32 + lane;
-      const int tl = 32 % P == 0 ? i * (32 / P) + lane / P : x / P;
-      const int c = 32 % P == 0 ? lane % P : x % P;
-      const int t = tok0 + tl;
-      const bool ok = token_valid(pg, s_valid, nb, t);
-      const size_t off = ok ? (((size_t)s_page[pg.page(t)] * kv_heads + kv_head) * pg.size()
-                               + pg.slot(t)) * D + c * VEC : 0;
-      const int at = SWIZZLE ? slot(tl, c) : x;  // = slot(tl, c) unswizzled
-      cp_async16(buf + at, k + off, ok);
-      cp_async16(buf + TT * RS + at, v + off, ok);
+      for (int i = 0; i < NC; ++i) {
+        const int x = i * 32 + lane, tl = x / P, c = x % P;
+        const bool ok = tl < valid;
+        const size_t off = ok ? base + (size_t)tl * D + c * VP : 0;
+        const int at = SWIZZLE ? slot(tl, c) : x;
+        cp_async16(buf + at, k + off, ok);
+        cp_async16(buf + TT * RS + at, v + off, ok);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < NC; ++i) {
+        const int x = i * 32 + lane;
+        const int tl = 32 % P == 0 ? i * (32 / P) + lane / P : x / P;
+        const int c = 32 % P == 0 ? lane % P : x % P;
+        const int t = tok0 + tl;
+        const bool ok = token_valid(pg, s_valid, nb, t);
+        const size_t off = ok ? (((size_t)s_page[pg.page(t)] * kv_heads + kv_head) * pg.size()
+                                 + pg.slot(t)) * D + c * VP : 0;
+        const int at = SWIZZLE ? slot(tl, c) : x;  // = slot(tl, c) unswizzled
+        cp_async16(buf + at, k + off, ok);
+        cp_async16(buf + TT * RS + at, v + off, ok);
+      }
     }
   }
 };
@@ -103,8 +125,8 @@ struct Ring {
 // group of TPL tokens, the pieces it copied itself, and dots them with its 8 q values. Serves
 // only exact groups (G 1 or 2 q heads, never a masked tile) at D / 8 a power of two.
 template <typename T, int D, int G>
-struct CoreTile : Ring<D, G, false> {
-  using R = Ring<D, G, false>;
+struct CoreTile : Ring<T, D, G, false> {
+  using R = Ring<T, D, G, false>;
   using R::LANES, R::TPL, R::NL;
   float q[G][VEC], acc[G][VEC], m[G], l[G];
 
@@ -192,10 +214,27 @@ template <bool TRANS> QP_DEVICE void ldmatrix_x4(uint32_t r[4], const uint4* row
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
-QP_DEVICE void ldmatrix_x2(uint32_t r[2], const uint4* row) {
+template <bool TRANS> QP_DEVICE void ldmatrix_x2(uint32_t r[2], const uint4* row) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(row);
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
-               : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  if (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+QP_DEVICE void ldmatrix_x1(uint32_t r[1], const uint4* row) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];" : "=r"(r[0]) : "r"(a));
+}
+// N (1, 2 or 4) consecutive 16-byte pieces c0 .. c0 + N - 1 of the 8 rows t0 .. t0 + 7, non-
+// transposed: lane l holds 4 bytes of row t0 + l / 4 of each piece (bytes 4 (l % 4) ..).
+template <int N, class R>
+QP_DEVICE void ldmatrix_rows(uint32_t r[N], const uint4* buf, int t0, int c0, int lane) {
+  const uint4* row = buf + R::slot(t0 + lane % 8, c0 + lane / 8 % N);
+  if constexpr (N == 4) ldmatrix_x4<false>(r, row);
+  else if constexpr (N == 2) ldmatrix_x2<false>(r, row);
+  else ldmatrix_x1(r, row);
 }
 
 // c += a (16x16, rows = q heads) * b (16x8), fp32 accumulate; float pairs -> 16-bit pairs.
@@ -203,19 +242,11 @@ QP_DEVICE void ldmatrix_x2(uint32_t r[2], const uint4* row) {
 template <typename T> struct Mma;
 #define QP_MMA(TAG, TY)                                                                       \
   template <> struct Mma<TAG> {                                                               \
-    static QP_DEVICE void run(float (&c)[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {  \
+    static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {     \
       asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
                    "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                   \
                    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                           \
                    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));           \
-    }                                                                                         \
-    /* rows 0..7 only: rows 8..15 of C are 0 and of D thrown away */                         \
-    static QP_DEVICE void run(float (&c)[2], const uint32_t a[4], uint32_t b0, uint32_t b1) {  \
-      [[maybe_unused]] float d2, d3;                                                          \
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
-                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%10,%10};"                                 \
-                   : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)                               \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.f));  \
     }                                                                                         \
     static QP_DEVICE uint32_t pack(float lo, float hi) {                                      \
       uint32_t r;                                                                             \
@@ -227,6 +258,9 @@ QP_MMA(fp16, "f16")
 QP_MMA(bf16, "bf16")
 #undef QP_MMA
 
+template <bool B, typename X, typename Y> struct Pick { using type = X; };
+template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
+
 // Tensor cores: the q heads are rows of the 16-row A operand, tokens the N (scores) and K
 // (output) dimensions; lane l holds row l/4 (and, HI, row l/4 + 8) of each accumulator, columns
 // 2(l%4) and +1. Rows at or past nq (a group smaller than the tile, the last chunk of a larger
@@ -236,44 +270,142 @@ QP_MMA(bf16, "bf16")
 // the warp after waiting). Scores are scaled to log2 units after the product, so q enters the
 // tensor cores exactly as stored. A tile of 8 tokens (D 192, 256) is half a k-step of P V: the
 // upper 8 tokens of A are zero and B's upper rows repeat the lower ones (finite values, times 0).
-template <typename T, int D, int G>
-struct MmaTile : Ring<D, G, true> {
-  using R = Ring<D, G, true>;
+//
+// E4M3 caches (KV = e4m3) keep their codes in the ring; the fp16 tensor cores read them through
+// ldmatrix as 16-bit pairs, and e4m3x4_units turns 4 codes into two f16x2 of their values x 2^-8
+// (exact). K: a lane holds dims 4c .. 4c+3 of its token in a 16-dim piece (c = l % 4) and gives
+// the mma dims (4c, 4c+2) as k 2c, 2c+1 and (4c+1, 4c+3) as k 8+2c, 9+2c; q's A fragments are
+// gathered in the same order, so the dot product is the same sum. V (.trans): a lane holds
+// tokens 2c, 2c+1 at dims 2g, 2g+1 of a piece (g = l / 4); dims 2g and 2g+1 feed two output
+// tiles, the even one holding dims 4c and 4c+2 in the lane's columns, the odd one 4c+1 and 4c+3.
+// q (fp16 or bf16) enters as fp16 (bf16 keeps its 8 bits; saturated at +-65504); the scale of the
+// scores carries k_scale x 2^8, the warps' combine v_scale x 2^8 (attention.cu).
+template <typename T, typename KV, int D, int G>
+struct MmaTile : Ring<KV, D, G, true> {
+  using R = Ring<KV, D, G, true>;
   using R::RS, R::TT, R::slot;
+  static constexpr bool FP8 = is_e4m3<KV>;
+  using MT = typename Pick<FP8, fp16, T>::type;  // the tensor cores' input type
   static_assert(TT % 16 == 0 || TT == 8, "a tile is whole k-steps of 16 tokens, or half of one");
   static_assert(D % 16 == 0, "head dims are whole k-steps of 16");
   static constexpr bool HI = G > 8;                      // rows 8..15 hold q heads
   static constexpr int NR = HI ? 2 : 1;                  // softmax rows per lane: g, g + 8
   static constexpr int NT = TT / 8, ND = D / 8, KS = D / 16;  // score tiles, output tiles, k-steps
-  // Accumulators per output tile: rows g and g + 8 (4) where HI needs them and in the measured
-  // variants (kept as timed), else row g only (2: D 256 would need 128 registers for 4).
-  static constexpr int AW = HI || measured_variant(D, G) ? 4 : 2;
-  uint32_t qa[KS][4];  // A fragments of q, one per 16 dimensions
-  float acc[ND][AW], m[NR], l[NR], scale;  // output tiles; row max (log2 units), this lane's sum
+  // A fragments of q, one per 16 dimensions: a0 .. a3 (rows g and g + 8 of k 0-7, then of k
+  // 8-15), or a0 and a2 only (QW 2) where rows 8..15 are zero outside the measured builds: HMMA
+  // takes A as an aligned quad of registers, so zeros kept per k-step cost D / 8 registers
+  // (D 256 / G 4 spilled 4 bytes at 255 registers with them).
+  static constexpr int QW = HI || (!FP8 && measured_variant(D, G)) ? 4 : 2;
+  uint32_t qa[KS][QW];
+  float acc[ND][4], m[NR], l[NR], scale;  // output tiles; row max (log2 units), this lane's sum
+
+  QP_DEVICE uint32_t& q_at(int kk, int half, int r) { return qa[kk][half * (QW / 2) + r]; }
+  struct Frag { uint32_t r[4]; };
+  QP_DEVICE Frag a_frag(int kk) const {
+    if constexpr (QW == 4) return {{qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3]}};
+    else return {{qa[kk][0], 0u, qa[kk][1], 0u}};
+  }
 
   QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale_log2, int nq) {
     const int g = lane / 4, col = 2 * (lane % 4);
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk) {
-      const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
-      qa[kk][0] = g < nq ? *reinterpret_cast<const uint32_t*>(row) : 0u;
-      qa[kk][2] = g < nq ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
-      qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
-      if (HI && g + 8 < nq) {
-        qa[kk][1] = *reinterpret_cast<const uint32_t*>(row + 8 * D);
-        qa[kk][3] = *reinterpret_cast<const uint32_t*>(row + 8 * D + 8);
+      if constexpr (FP8) {
+        init_fp8(qb, kk, g, lane % 4, nq);
+      } else {
+        const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
+        q_at(kk, 0, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row) : 0u;
+        q_at(kk, 1, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
+        if constexpr (QW == 4) {
+          qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
+          if (HI && g + 8 < nq) {
+            q_at(kk, 0, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D);
+            q_at(kk, 1, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D + 8);
+          }
+        }
       }
     }
 #pragma unroll
-    for (int n = 0; n < ND; ++n)
-#pragma unroll
-      for (int e = 0; e < AW; ++e) acc[n][e] = 0.f;
+    for (int n = 0; n < ND; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
       m[r] = -__int_as_float(0x7f800000);
       l[r] = 0.f;
     }
     scale = scale_log2;
+  }
+
+  // k-step kk of q over an E4M3 cache: dims 4c .. 4c+3 of rows g (and g + 8) as fp16 pairs
+  // (4c, 4c+2) -> a0 / a1 and (4c+1, 4c+3) -> a2 / a3.
+  QP_DEVICE void init_fp8(const uint16_t* __restrict__ qb, int kk, int g, int c, int nq) {
+    if constexpr (QW == 4) qa[kk][1] = qa[kk][3] = 0u;
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      const int row = g + 8 * r;
+      uint2 w = make_uint2(0u, 0u);
+      if (row < nq) w = *reinterpret_cast<const uint2*>(qb + (size_t)row * D + kk * 16 + 4 * c);
+      const float f0 = Storage<T>::to_float(w.x & 0xffffu), f1 = Storage<T>::to_float(w.x >> 16);
+      const float f2 = Storage<T>::to_float(w.y & 0xffffu), f3 = Storage<T>::to_float(w.y >> 16);
+      q_at(kk, 0, r) = pack_f16_sat(f0, f2);
+      q_at(kk, 1, r) = pack_f16_sat(f1, f3);
+    }
+  }
+  static QP_DEVICE uint32_t pack_f16_sat(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+
+  // Scores of score tile j (8 tokens) over an E4M3 cache: ldmatrix of 4 (then 1 or 2) pieces of
+  // 16 dims, each one k-step.
+  QP_DEVICE void scores_fp8(const uint4* buf, int j, int lane, float (&s)[4]) {
+#pragma unroll
+    for (int kc = 0; kc < KS / 4; ++kc) {
+      uint32_t b[4];
+      ldmatrix_rows<4, R>(b, buf, j * 8, kc * 4, lane);
+#pragma unroll
+      for (int m4 = 0; m4 < 4; ++m4) {
+        uint32_t lo, hi;
+        e4m3x4_units(b[m4], lo, hi);
+        Mma<MT>::run(s, a_frag(kc * 4 + m4).r, lo, hi);
+      }
+    }
+    constexpr int REST = KS % 4;  // D 80: 1, D 96: 2
+    if constexpr (REST > 0) {
+      uint32_t b[REST];
+      ldmatrix_rows<REST, R>(b, buf, j * 8, KS / 4 * 4, lane);
+#pragma unroll
+      for (int m4 = 0; m4 < REST; ++m4) {
+        uint32_t lo, hi;
+        e4m3x4_units(b[m4], lo, hi);
+        Mma<MT>::run(s, a_frag(KS / 4 * 4 + m4).r, lo, hi);
+      }
+    }
+  }
+
+  // O += P V over an E4M3 cache for k-step ks: 32 dims (two pieces) per ldmatrix, four output
+  // tiles (even and odd dims of each piece); D 80 ends on one piece.
+  QP_DEVICE void values_fp8(const uint4* vbuf, int ks, const uint32_t (&a)[4], int lane) {
+    const int row = ks * 16 + (lane / 8 % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int cp = 0; cp < KS / 2; ++cp) {
+      uint32_t b[4], e[4], o[4];
+      ldmatrix_x4<true>(b, vbuf + slot(row, 2 * cp + lane / 16));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) e4m3x4_units(b[i], e[i], o[i]);
+      Mma<MT>::run(acc[4 * cp], a, e[0], e[1]);
+      Mma<MT>::run(acc[4 * cp + 1], a, o[0], o[1]);
+      Mma<MT>::run(acc[4 * cp + 2], a, e[2], e[3]);
+      Mma<MT>::run(acc[4 * cp + 3], a, o[2], o[3]);
+    }
+    if constexpr (KS % 2) {
+      uint32_t b[2], e[2], o[2];
+      ldmatrix_x2<true>(b, vbuf + slot(row, KS - 1));
+      e4m3x4_units(b[0], e[0], o[0]);
+      e4m3x4_units(b[1], e[1], o[1]);
+      Mma<MT>::run(acc[ND - 2], a, e[0], e[1]);
+      Mma<MT>::run(acc[ND - 1], a, o[0], o[1]);
+    }
   }
 
   // Online-softmax update with the tile in ring stage `buf` (masked slots hold zeros).
@@ -284,17 +416,21 @@ struct MmaTile : Ring<D, G, true> {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      if constexpr (FP8) {
+        scores_fp8(buf, j, lane, s[j]);
+      } else {
 #pragma unroll
-      for (int kc = 0; kc < D / 32; ++kc) {  // K rows as B = K^T: 32 dimensions per ldmatrix
-        uint32_t b[4];
-        ldmatrix_x4<false>(b, buf + slot(j * 8 + lane % 8, kc * 4 + lane / 8));
-        Mma<T>::run(s[j], qa[2 * kc], b[0], b[1]);
-        Mma<T>::run(s[j], qa[2 * kc + 1], b[2], b[3]);
-      }
-      if (D % 32) {  // D 80: a last k-step of 16 dimensions
-        uint32_t b[2];
-        ldmatrix_x2(b, buf + slot(j * 8 + lane % 8, D / 32 * 4 + lane / 8 % 2));
-        Mma<T>::run(s[j], qa[KS - 1], b[0], b[1]);
+        for (int kc = 0; kc < D / 32; ++kc) {  // K rows as B = K^T: 32 dimensions per ldmatrix
+          uint32_t b[4];
+          ldmatrix_x4<false>(b, buf + slot(j * 8 + lane % 8, kc * 4 + lane / 8));
+          Mma<MT>::run(s[j], a_frag(2 * kc).r, b[0], b[1]);
+          Mma<MT>::run(s[j], a_frag(2 * kc + 1).r, b[2], b[3]);
+        }
+        if (D % 32) {  // D 80: a last k-step of 16 dimensions
+          uint32_t b[2];
+          ldmatrix_x2<false>(b, buf + slot(j * 8 + lane % 8, D / 32 * 4 + lane / 8 % 2));
+          Mma<MT>::run(s[j], a_frag(KS - 1).r, b[0], b[1]);
+        }
       }
     }
     const int col = 2 * (lane % 4);
@@ -332,19 +468,23 @@ struct MmaTile : Ring<D, G, true> {
     }
 #pragma unroll
     for (int ks = 0; ks < (TT + 15) / 16; ++ks) {  // O += P V, 16 tokens per step
-      uint32_t a[4] = {Mma<T>::pack(s[2 * ks][0], s[2 * ks][1]), 0u, 0u, 0u};
-      if (HI) a[1] = Mma<T>::pack(s[2 * ks][2], s[2 * ks][3]);
+      uint32_t a[4] = {Mma<MT>::pack(s[2 * ks][0], s[2 * ks][1]), 0u, 0u, 0u};
+      if (HI) a[1] = Mma<MT>::pack(s[2 * ks][2], s[2 * ks][3]);
       if constexpr (TT >= 16) {
-        a[2] = Mma<T>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
-        if (HI) a[3] = Mma<T>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+        a[2] = Mma<MT>::pack(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+        if (HI) a[3] = Mma<MT>::pack(s[2 * ks + 1][2], s[2 * ks + 1][3]);
       }
-      const int row = TT >= 16 ? ks * 16 + (lane / 8 % 2) * 8 + lane % 8 : lane % 8;
+      if constexpr (FP8) {
+        values_fp8(buf + TT * RS, ks, a, lane);
+      } else {
+        const int row = TT >= 16 ? ks * 16 + (lane / 8 % 2) * 8 + lane % 8 : lane % 8;
 #pragma unroll
-      for (int np = 0; np < ND / 2; ++np) {  // V rows as B: two 8-dimension tiles per ldmatrix
-        uint32_t b[4];
-        ldmatrix_x4<true>(b, buf + TT * RS + slot(row, 2 * np + lane / 16));
-        Mma<T>::run(acc[2 * np], a, b[0], b[1]);
-        Mma<T>::run(acc[2 * np + 1], a, b[2], b[3]);
+        for (int np = 0; np < ND / 2; ++np) {  // V rows as B: two 8-dimension tiles per ldmatrix
+          uint32_t b[4];
+          ldmatrix_x4<true>(b, buf + TT * RS + slot(row, 2 * np + lane / 16));
+          Mma<MT>::run(acc[2 * np], a, b[0], b[1]);
+          Mma<MT>::run(acc[2 * np + 1], a, b[2], b[3]);
+        }
       }
     }
   }
@@ -359,28 +499,28 @@ struct MmaTile : Ring<D, G, true> {
       const int row = g + 8 * r;
       if (row >= nq) continue;
 #pragma unroll
-      for (int n = 0; n < ND; ++n) {
-        s_acc[row][n * 8 + col] = acc[n][2 * r];
-        s_acc[row][n * 8 + col + 1] = acc[n][2 * r + 1];
+      for (int n = 0; n < ND; ++n) {  // E4M3: the even / odd tiles of a 16-dim piece
+        const int d0 = FP8 ? n / 2 * 16 + 2 * col + n % 2 : n * 8 + col;
+        s_acc[row][d0] = acc[n][2 * r];
+        s_acc[row][d0 + (FP8 ? 2 : 1)] = acc[n][2 * r + 1];
       }
       if (lane % 4 == 0) { s_m[row] = m[r]; s_l[row] = sum; }
     }
   }
 };
 
-template <bool B, typename X, typename Y> struct Pick { using type = X; };
-template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
-
-// Tensor cores for G >= 4, and at every G where D / 8 is not a power of two (80, 96, 192: the
-// CUDA-core tile's shuffles need aligned power-of-two lane groups).
-template <typename T, int D, int G>
-using Tile = typename Pick<(G >= 4 || row_lanes(D) != D / VEC), MmaTile<T, D, G>,
-                           CoreTile<T, D, G>>::type;
+// Tensor cores for G >= 4, at every G where D / 8 is not a power of two (80, 96, 192: the
+// CUDA-core tile's shuffles need aligned power-of-two lane groups), and over E4M3 caches.
+template <typename KV, int D, int G>
+__host__ __device__ constexpr bool tensor_tile() {
+  return G >= 4 || row_lanes(D) != D / VEC || is_e4m3<KV>;
+}
+template <typename T, typename KV, int D, int G>
+using Tile = typename Pick<tensor_tile<KV, D, G>(), MmaTile<T, KV, D, G>, CoreTile<T, D, G>>::type;
 
 // Dynamic shared memory of a CTA: the warps' rings. backends/cupy.py computes the same bytes
-// (tests/test_kernels_compile.py compares them for every head dim and tile).
-template <int D, int G> __host__ __device__ constexpr int attention_ring_bytes() {
-  using R = Ring<D, G, (G >= 4 || row_lanes(D) != D / VEC)>;
+// (tests/test_kernels_compile.py compares them for every cache type, head dim and tile).
+template <typename KV, int D, int G> __host__ __device__ constexpr int attention_ring_bytes() {
+  using R = Ring<KV, D, G, tensor_tile<KV, D, G>()>;
   return ATT_WARPS * R::NS * R::STAGE * 16;
 }
-

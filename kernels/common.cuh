@@ -1,9 +1,10 @@
 // Shared helpers of the Quest kernels: storage types, 16-byte vector loads, warp reductions.
 //
-// Storage arrives from CuPy as uint16 bit patterns for both fp16 and bf16. We decode the bits
-// ourselves (cvt.f32.f16 for fp16, a 16-bit shift for bf16) instead of including cuda_fp16.h /
-// cuda_bf16.h, so the same source builds under NVRTC with no toolkit include path and under
-// nvcc in CI. The tag types name the template variants: kernel<fp16, 128, 16>.
+// Storage arrives from CuPy as uint16 bit patterns for both fp16 and bf16, and as uint8 codes for
+// FP8 (e4m3). We decode the bits ourselves (cvt.f32.f16 for fp16, a 16-bit shift for bf16, bit
+// moves for e4m3) instead of including cuda_fp16.h / cuda_bf16.h / cuda_fp8.h, so the same
+// source builds under NVRTC with no toolkit include path and under nvcc in CI. The tag types
+// name the template variants: kernel<fp16, 128, 16>.
 #pragma once
 
 #ifdef __CUDACC_RTC__  // NVRTC has no C library headers
@@ -42,6 +43,26 @@ QP_DEVICE void grid_release() {
 
 struct fp16 {};  // IEEE half, stored as uint16 bits
 struct bf16 {};  // bfloat16, stored as uint16 bits (the top half of a float32)
+struct e4m3 {};  // FP8 E4M3 (OCP e4m3fn: vLLM's fp8_e4m3), stored as uint8 codes
+
+// The storage word of a tag: 16-bit values, or 8-bit codes.
+template <typename T> struct Word { using type = uint16_t; };
+template <> struct Word<e4m3> { using type = unsigned char; };
+template <typename T> using word_t = typename Word<T>::type;
+template <typename T> constexpr bool is_e4m3 = false;
+template <> constexpr bool is_e4m3<e4m3> = true;
+
+// Four E4M3 codes (bytes 0..3 of x) as two f16x2 of their values times 2^-8, exactly: b02 holds
+// bytes 0 and 2 (low, high half), b13 bytes 1 and 3. A code's exponent and mantissa bits put in
+// the low bits of an fp16's give its value times 2^(7 - 15), subnormals included (6 integer
+// operations for 4 values, where cvt.rn.f16x2.e4m3x2 runs on the slower conversion unit);
+// callers fold E4M3_UNIT into a scale. The NaN codes (0x7F, 0xFF) read as +-480: a cache
+// quantized by saturation holds none.
+constexpr float E4M3_UNIT = 256.f;
+QP_DEVICE void e4m3x4_units(uint32_t x, uint32_t& b02, uint32_t& b13) {
+  b13 = (x & 0x80008000u) | ((x >> 1) & 0x3f803f80u);
+  b02 = ((x << 8) & 0x80008000u) | ((x << 7) & 0x3f803f80u);
+}
 
 template <typename T> struct Storage;
 
@@ -67,17 +88,18 @@ template <> struct Storage<bf16> {
   }
 };
 
-// Eight 16-bit values = one 16-byte load.
+// Eight 16-bit values = one 16-byte load (eight E4M3 codes: 8 bytes).
 constexpr int VEC = 8;
 
 // Lanes that hold one head-dim row of D values, 8 each: D / 8 rounded up to a power of two, so
 // that shuffles reduce over aligned groups. Head dims 80, 96 and 192 (10, 12 and 24 pieces) leave
 // the lanes past D / 8 idle: they load nothing and add zeros.
-__host__ __device__ constexpr int row_lanes(int d) {
-  int lanes = 1;
-  while (lanes < d / VEC) lanes *= 2;
-  return lanes;
+__host__ __device__ constexpr int pow2_at_least(int n) {
+  int p = 1;
+  while (p < n) p *= 2;
+  return p;
 }
+__host__ __device__ constexpr int row_lanes(int d) { return pow2_at_least(d / VEC); }
 
 // Plain 16-byte global load; KV pages are read once, so no cache hints beyond the default.
 QP_DEVICE uint4 load16(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
@@ -87,6 +109,13 @@ QP_DEVICE uint4 load16_stream(const uint16_t* p) {
   uint4 r;
   asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+// Streaming 8-byte load: eight E4M3 codes.
+QP_DEVICE uint2 load8_stream(const unsigned char* p) {
+  uint2 r;
+  asm volatile("ld.global.cs.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
   return r;
 }
 
@@ -100,6 +129,20 @@ QP_DEVICE void unpack8(const uint4& v, float out[VEC]) {
   }
 }
 
+// Eight E4M3 codes as floats in units of 2^-8 (value = out x E4M3_UNIT, exact).
+QP_DEVICE void unpack8_e4m3(const uint2& v, float out[VEC]) {
+  const uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    uint32_t b02, b13;
+    e4m3x4_units(w[i], b02, b13);
+    out[4 * i] = Storage<fp16>::to_float(b02 & 0xffffu);
+    out[4 * i + 1] = Storage<fp16>::to_float(b13 & 0xffffu);
+    out[4 * i + 2] = Storage<fp16>::to_float(b02 >> 16);
+    out[4 * i + 3] = Storage<fp16>::to_float(b13 >> 16);
+  }
+}
+
 template <typename T>
 QP_DEVICE uint4 pack8(const float in[VEC]) {
   uint32_t w[4];
@@ -109,6 +152,50 @@ QP_DEVICE uint4 pack8(const float in[VEC]) {
            ((uint32_t)Storage<T>::from_float(in[2 * i + 1]) << 16);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
+
+// Eight values in units of 2^-8 as eight E4M3 codes (exact for values on the E4M3 grid).
+QP_DEVICE uint2 pack8_e4m3(const float in[VEC]) {
+  uint32_t w[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned short pair;  // code of in[2i + 1] in the high byte, of in[2i] in the low one
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair)
+        : "f"(in[2 * i + 1] * E4M3_UNIT), "f"(in[2 * i] * E4M3_UNIT));
+    w[i / 2] |= (uint32_t)pair << (16 * (i % 2));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// Eight values of storage T at p (16-bit values, or E4M3 codes in units of 2^-8), and back.
+template <typename T>
+QP_DEVICE void read8(const word_t<T>* p, float out[VEC]) {
+  if constexpr (is_e4m3<T>) unpack8_e4m3(*reinterpret_cast<const uint2*>(p), out);
+  else unpack8<T>(load16(p), out);
+}
+template <typename T>
+QP_DEVICE void write8(word_t<T>* p, const float in[VEC]) {
+  if constexpr (is_e4m3<T>) *reinterpret_cast<uint2*>(p) = pack8_e4m3(in);
+  else *reinterpret_cast<uint4*>(p) = pack8<T>(in);
+}
+
+// fp16 bits of x rounded toward -inf (UP false) or +inf: through float32 in the same direction,
+// which rounds as one step would (the fp16 grid lies on the float32 grid).
+template <bool UP>
+QP_DEVICE uint16_t f16_outward(double x) {
+  float f;
+  unsigned short h;
+  if (UP) {
+    asm("cvt.rp.f32.f64 %0, %1;" : "=f"(f) : "d"(x));
+    asm("cvt.rp.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  } else {
+    asm("cvt.rm.f32.f64 %0, %1;" : "=f"(f) : "d"(x));
+    asm("cvt.rm.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  }
+  return h;
+}
+
+template <typename A, typename B> constexpr bool same_tag = false;
+template <typename A> constexpr bool same_tag<A, A> = true;
 
 // Sum / max over aligned groups of WIDTH lanes (WIDTH a power of two <= 32).
 template <int WIDTH>

@@ -14,12 +14,13 @@
 constexpr int QP_GROUPS[] = {1, 2, 4, 8, 16};
 constexpr int QP_HEAD_DIMS[] = {64, 80, 96, 128, 192, 256};
 constexpr int QP_PAGE_SIZES[] = {8, 16, 32, 64, 128};
-// Variants kept as they were timed on the H200 (head dims x tiles below). Attention: page size a
-// template argument (at the measured page sizes), combine arrays in static shared memory,
-// accumulator rows 8..15 kept; estimate: a build with the group a constant. Every other
-// attention variant is built once with S = 0 and takes log2(page size) at launch (CI compiles
-// 5 x fewer of them), combines in its rings and keeps only the accumulator rows it uses; every
-// other estimate takes the group from the launch.
+// Variants kept as they were timed on the H200 (head dims x tiles below, 16-bit caches).
+// Attention: page size a template argument (at the measured page sizes), combine arrays in static
+// shared memory, q fragments with their zero rows, merges in passes of 8; estimate: the group
+// and the mode constants. Every other attention variant is built once with S = 0 and takes
+// log2(page size) at launch (CI compiles 5 x fewer of them), combines in its rings, drops the
+// zero rows and merges in passes of 4 (registers, at D 256); every other estimate takes the group
+// (tiles over 2) and the mode (tiles over 1) from the launch.
 constexpr int QP_MEASURED_HEAD_DIMS[] = {64, 128};
 constexpr int QP_MEASURED_GROUPS[] = {1, 2, 4, 8};
 constexpr int QP_MEASURED_PAGE_SIZES[] = {8, 16, 32, 64};

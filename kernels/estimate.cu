@@ -23,31 +23,49 @@
 // as timed on the H200); otherwise (tiles 4, 8, 16) the group comes from the launch: smaller
 // groups masked, larger ones chunked. Two builds rather than a branch in one: together they need
 // more registers than EST_BLOCKS_PER_SM allows (tile 4, shared-max, bf16 spilled 12 bytes at 80).
-template <typename T, int D, int G, int MODE, bool EXACT>
+// MODE -1: one build for the three modes, the mode from the launch (every build but the measured
+// ones). TS: the summaries' storage, T's own or, over an FP8 cache, fp16 or E4M3 (k_scale [Hkv]
+// then scales the scores; nullptr otherwise).
+template <typename T, typename TS, int D, int G, int MODE, bool EXACT>
 __global__ void __launch_bounds__(EST_THREADS, EST_BLOCKS_PER_SM[group_index(G)])
-estimate_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
+estimate_kernel(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                 const int* __restrict__ indptr, const int* __restrict__ indices,
-                float* __restrict__ scores, int batch, int kv_heads, int nnz, int group) {
+                float* __restrict__ scores, int batch, int kv_heads, int nnz, int group, int mode,
+                const float* __restrict__ k_scale) {
   grid_wait();     // the grid before may still write q or the summaries (RoPE, summary append)
   grid_release();  // empty in quest()'s build (releasing in all 3 stages: 32.0 -> 36.0 us)
   constexpr int TILE = est_tile_units<D>();
-  estimate_tiles<T, D, G, MODE, false, EXACT>(q, summ, indptr, indices, scores, batch, kv_heads,
-                                              nnz, group, blockIdx.x, gridDim.x,
-                                              (nnz * kv_heads + TILE - 1) / TILE);
+  const EstimateArgs args{group, mode, k_scale};
+  estimate_tiles<T, TS, D, G, MODE, false, EXACT>(q, summ, indptr, indices, scores, batch,
+                                                  kv_heads, nnz, args, blockIdx.x, gridDim.x,
+                                                  (nnz * kv_heads + TILE - 1) / TILE);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
 #include "instantiate.cuh"
 namespace qp_instantiate {
-// Exact builds of tiles 1 and 2 and of the measured variants; builds that take the group from the
-// launch of every larger tile (backends/variants.py, estimate_exact).
+// Summaries of a query type (T, TS): fp16 / bf16 over their own cache, or over an FP8 one fp16
+// or E4M3 (summary_built). The measured variants: the group and the mode constants, three
+// builds; every other: tile 1 one build (one q head per KV head: the three modes give the same
+// scores), tile 2 with its group a constant, larger tiles with it from the launch, one build for
+// the three modes (MODE -1; backends/variants.py, estimate_template). A mode from the launch
+// cost tile 1 (bf16, D 80 / 96 / 192) a 4-byte spill at its 64 registers.
 struct Estimate {
-  template <int T, int D, int G, int M> static void run() {
-    if constexpr (builds_head_dim(D) && (G <= 2 || measured_variant(D, G)))
-      (void)&estimate_kernel<Tag<T>, D, G, M, true>;
-    if constexpr (builds_head_dim(D) && G > 2) (void)&estimate_kernel<Tag<T>, D, G, M, false>;
+  template <int T, int TS, int D, int G> static void run() {
+    constexpr bool built = builds_head_dim(D) && (TS == T || summary_built(E4M3, TS));
+    constexpr bool measured = T == TS && measured_variant(D, G);
+    if constexpr (built && measured) {
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 0, true>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 1, true>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 2, true>;
+    }
+    if constexpr (built && G > 2) (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, false>;
+    if constexpr (built && !measured && G == 1)
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 1, 0, true>;
+    if constexpr (built && !measured && G == 2)
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 2, -1, true>;
   }
 };
-void estimate_all() { Cross<Estimate>::run<DTYPES, QP_HEAD_DIMS, QP_GROUPS, MODES>(); }
+void estimate_all() { Cross<Estimate>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS>(); }
 }  // namespace qp_instantiate
 #endif

@@ -7,7 +7,21 @@ enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
 
 struct Unit { int i, h; };     // CSR entry and KV head of unit i * Hkv + h
 struct Stride { int di, dh; }; // a fixed step in units as (entries, heads)
-struct Box { uint4 lo, hi; };  // one lane's 8 dimensions of a box's min and max
+
+// One lane's 8 dimensions of a box's min and max: 16 bytes each of 16-bit summaries, 8 of E4M3
+// codes (summaries of an FP8 cache in scaled units).
+template <typename TS> struct Box {
+  uint4 lo, hi;
+  static QP_DEVICE uint4 zero() { return make_uint4(0, 0, 0, 0); }
+  static QP_DEVICE uint4 load(const word_t<TS>* p) { return load16_stream(p); }
+  static QP_DEVICE void unpack(const uint4& v, float out[VEC]) { unpack8<TS>(v, out); }
+};
+template <> struct Box<e4m3> {
+  uint2 lo, hi;
+  static QP_DEVICE uint2 zero() { return make_uint2(0, 0); }
+  static QP_DEVICE uint2 load(const word_t<e4m3>* p) { return load8_stream(p); }
+  static QP_DEVICE void unpack(const uint2& v, float out[VEC]) { unpack8_e4m3(v, out); }
+};
 
 // A thread's units advance by fixed strides, so (i, h) advance by adds with one carry instead of
 // a 64-bit division per unit. HEAD_MAJOR = false: unit i * Hkv + h (KV head fastest, a page's
@@ -64,17 +78,17 @@ QP_DEVICE bool lane_in_row(int c) { return row_lanes(D) == D / VEC || c < D / VE
 template <int D>
 QP_DEVICE int piece(int c) { return row_lanes(D) == D / VEC ? c : min(c, D / VEC - 1); }
 
-template <int D, class W>
-QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const W& walk, Stride within,
-                          const int page[EST_UNROLL], Unit u, int c, Box box[EST_UNROLL]) {
+template <typename TS, int D, class W>
+QP_DEVICE void load_boxes(const word_t<TS>* __restrict__ summ, const W& walk, Stride within,
+                          const int page[EST_UNROLL], Unit u, int c, Box<TS> box[EST_UNROLL]) {
 #pragma unroll
   for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
-    box[r].lo = box[r].hi = make_uint4(0, 0, 0, 0);
+    box[r].lo = box[r].hi = Box<TS>::zero();
     if (walk.valid(u)) {
-      const uint16_t* p =
+      const word_t<TS>* p =
           summ + ((size_t)page[r] * walk.kv_heads + u.h) * 2 * D + piece<D>(c) * VEC;
-      box[r].lo = load16_stream(p);
-      box[r].hi = load16_stream(p + D);
+      box[r].lo = Box<TS>::load(p);
+      box[r].hi = Box<TS>::load(p + D);
     }
   }
 }
@@ -84,13 +98,15 @@ QP_DEVICE void load_boxes(const uint16_t* __restrict__ summ, const W& walk, Stri
 template <bool EXACT>
 QP_DEVICE bool head_in_tile(int t, int nq) { return EXACT || t < nq; }
 
-// Scores u[t] of q heads qhead0 + t from one box (t < nq; the others are left unset).
-template <typename T, int D, int G, bool EXACT>
-QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box& box, int qhead0, int c,
-                           int nq, float u[G]) {
+// Scores u[t] of q heads qhead0 + t from one box (t < nq; the others are left unset). q is of
+// storage T, the box of TS; E4M3 boxes are in units of 2^-8 of k_scale: `unit` (their value in
+// the keys' scale, k_scale[h] x E4M3_UNIT) multiplies the sum, as U_p(q) is linear in the box.
+template <typename T, typename TS, int D, int G, bool EXACT>
+QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box<TS>& box, int qhead0, int c,
+                           int nq, float unit, float u[G]) {
   float m[VEC], M[VEC], x[VEC];
-  unpack8<T>(box.lo, m);
-  unpack8<T>(box.hi, M);
+  Box<TS>::unpack(box.lo, m);
+  Box<TS>::unpack(box.hi, M);
 #pragma unroll
   for (int t = 0; t < G; ++t) {
     if (!head_in_tile<EXACT>(t, nq)) continue;  // uniform over the grid: the shuffles stay full
@@ -99,18 +115,29 @@ QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box& box, int q
 #pragma unroll
     for (int j = 0; j < VEC; ++j) s += fmaxf(x[j] * m[j], x[j] * M[j]);
     u[t] = group_sum<row_lanes(D)>(lane_in_row<D>(c) ? s : 0.f);
+    if (is_e4m3<TS>) u[t] *= unit;
   }
 }
 
+// The launch's arguments beyond the page tables: the group, the mode when MODE is -1, and
+// k_scale [Hkv] for E4M3 summaries.
+struct EstimateArgs {
+  int group, mode;
+  const float* k_scale;
+};
+
 // Units past the end still shuffle (full-warp masks) but write nothing. A group larger than the
-// tile (over 16 q heads, multi-query) is scored in chunks of G heads from the box in registers,
-// so the box is still read once. EXACT: group == G.
-template <typename T, int D, int G, int MODE, bool EXACT, class W>
+// largest tile (over 16 q heads, multi-query) is scored in chunks of G heads from the box in
+// registers, so the box is still read once; smaller tiles take one pass. EXACT: group == G.
+// MODE -1: the mode from the launch.
+template <typename T, typename TS, int D, int G, int MODE, bool EXACT, class W>
 QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict__ indptr,
                            float* __restrict__ scores, int batch, const W& walk, Stride within,
-                           const Box box[EST_UNROLL], Unit u, int c, Request& req, int group) {
+                           const Box<TS> box[EST_UNROLL], Unit u, int c, Request& req,
+                           const EstimateArgs& args) {
   constexpr int LANES = row_lanes(D);
-  const int g = EXACT ? G : group;
+  constexpr bool CHUNKED = !EXACT && G == QP_GROUPS[sizeof(QP_GROUPS) / sizeof(int) - 1];
+  const int g = EXACT ? G : args.group, mode = MODE >= 0 ? MODE : args.mode;
 #pragma unroll
   for (int r = 0; r < EST_UNROLL; ++r, u = walk.next(u, within)) {
     const bool valid = walk.valid(u);
@@ -118,12 +145,14 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
     // Units past the end still score (full-warp shuffles): head-major ones can have h >= Hkv,
     // so they read q's head 0 instead of past its end (grid-stride ones keep h < Hkv).
     const int h = W::head_major && !valid ? 0 : u.h;
+    const float unit = is_e4m3<TS> ? __ldg(args.k_scale + h) * E4M3_UNIT : 1.f;
     float v = 0.f;  // shared modes: max or sum over the group so far
-    for (int h0 = 0; h0 < g; h0 += G) {
-      const int nq = min(G, g - h0);
+    for (int h0 = 0; h0 < (CHUNKED ? g : 1); h0 += G) {  // chunks of G heads (the largest tile)
+      const int nq = CHUNKED ? min(G, g - h0) : g;
       float s[G];
-      score_heads<T, D, G, EXACT>(q, box[r], (req.b * walk.kv_heads + h) * g + h0, c, nq, s);
-      if (MODE == PER_HEAD) {
+      score_heads<T, TS, D, G, EXACT>(q, box[r], (req.b * walk.kv_heads + h) * g + h0, c, nq,
+                                      unit, s);
+      if (mode == PER_HEAD) {
 #pragma unroll
         for (int t = 0; t < G; ++t)
           if (valid && head_in_tile<EXACT>(t, nq) && c == t % LANES)
@@ -132,11 +161,11 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
 #pragma unroll
         for (int t = 0; t < G; ++t)
           if (head_in_tile<EXACT>(t, nq))
-            v = h0 + t == 0 ? s[t] : MODE == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
+            v = h0 + t == 0 ? s[t] : mode == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
       }
     }
-    if (MODE != PER_HEAD && valid && c == 0)
-      scores[(size_t)u.h * walk.nnz + u.i] = MODE == SHARED_MEAN ? v / g : v;
+    if (mode != PER_HEAD && valid && c == 0)
+      scores[(size_t)u.h * walk.nnz + u.i] = mode == SHARED_MEAN ? v / g : v;
   }
 }
 
@@ -150,11 +179,12 @@ __host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / r
 // consecutive tiles (step 1), so that each block's units fall in one or two rows. EXACT: the
 // group is the tile G, a constant (the code of the G 1, 2, 4, 8 builds timed on the H200);
 // otherwise the group comes from the launch (a smaller group masked, a larger one chunked).
-template <typename T, int D, int G, int MODE, bool HEAD_MAJOR, bool EXACT, int NT = EST_THREADS>
-QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
+template <typename T, typename TS, int D, int G, int MODE, bool HEAD_MAJOR, bool EXACT,
+          int NT = EST_THREADS>
+QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                               const int* __restrict__ indptr, const int* __restrict__ indices,
                               float* __restrict__ scores, int batch, int kv_heads, int nnz,
-                              int group, int first, int step, int end) {
+                              const EstimateArgs& args, int first, int step, int end) {
   constexpr int LANES = row_lanes(D), GROUPS = NT / LANES, TILE = est_tile_units<D, NT>();
   const int c = threadIdx.x % LANES;
   const Walk<HEAD_MAJOR> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
@@ -163,17 +193,17 @@ QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const uint16_t* __
   Unit now = walk.unit(first * TILE + threadIdx.x / LANES);
   Unit ahead = walk.next(now, across), ahead2 = walk.next(ahead, across);
   int first_pages[EST_UNROLL], page[EST_UNROLL];
-  Box a[EST_UNROLL], b[EST_UNROLL];
+  Box<TS> a[EST_UNROLL], b[EST_UNROLL];
   load_pages(indices, walk, within, now, first_pages);  // both tiles' ids before any box load waits
   load_pages(indices, walk, within, ahead, page);
-  load_boxes<D>(summ, walk, within, first_pages, now, c, a);
+  load_boxes<TS, D>(summ, walk, within, first_pages, now, c, a);
   Request req;
   // Two buffers swap roles each step (no register copies, which would wait on their loads).
-  auto advance = [&](const Box (&cur)[EST_UNROLL], Box (&nxt)[EST_UNROLL]) {
-    load_boxes<D>(summ, walk, within, page, ahead, c, nxt);
+  auto advance = [&](const Box<TS> (&cur)[EST_UNROLL], Box<TS> (&nxt)[EST_UNROLL]) {
+    load_boxes<TS, D>(summ, walk, within, page, ahead, c, nxt);
     load_pages(indices, walk, within, ahead2, page);
-    score_batch<T, D, G, MODE, EXACT>(q, indptr, scores, batch, walk, within, cur, now, c, req,
-                                      group);
+    score_batch<T, TS, D, G, MODE, EXACT>(q, indptr, scores, batch, walk, within, cur, now, c,
+                                          req, args);
     now = ahead;
     ahead = ahead2;
     ahead2 = walk.next(ahead2, across);

@@ -50,8 +50,9 @@ estimate_topk_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict_
   if (first < end)
     // One build per tile: groups on tiles of 4 and more take the general (masked) scoring, the
     // same arithmetic as estimate.cu's, so the same bits.
-    estimate_tiles<T, D, G, MODE, true, G <= 2, NT>(q, summ, indptr, indices, scores, batch,
-                                                    kv_heads, nnz, group, first, 1, end);
+    estimate_tiles<T, T, D, G, MODE, true, G <= 2, NT>(q, summ, indptr, indices, scores, batch,
+                                                       kv_heads, nnz, {group, MODE, nullptr},
+                                                       first, 1, end);
   // Thread j counts tiles first + j, first + j + NT, ..., one row segment of a tile per pass,
   // so a pass finishes at most NT rows.
   int t = first + threadIdx.x, u = t * TILE, stop = min(u + TILE, units);

@@ -15,14 +15,22 @@
 
 namespace qp_instantiate {
 
-enum { FP16 = 0, BF16 = 1 };
-constexpr int DTYPES[] = {FP16, BF16};  // storage tags of common.cuh, by number
-constexpr int MODES[] = {0, 1, 2};      // estimate.cuh: per-head, shared-max, shared-mean
+enum { FP16 = 0, BF16 = 1, E4M3 = 2 };
+constexpr int DTYPES[] = {FP16, BF16};             // queries and outputs (storage tags, by number)
+constexpr int KV_DTYPES[] = {FP16, BF16, E4M3};    // K / V caches and their summaries
+constexpr int MODES[] = {0, 1, 2};                 // estimate.cuh: per-head, shared-max, -mean
 
 template <int CODE> struct TagOf;
 template <> struct TagOf<FP16> { using type = fp16; };
 template <> struct TagOf<BF16> { using type = bf16; };
+template <> struct TagOf<E4M3> { using type = e4m3; };
 template <int CODE> using Tag = typename TagOf<CODE>::type;
+
+// Caches and summaries (core/layout.py, check_cache_dtypes): an fp16 / bf16 cache keeps
+// summaries of its own type; an E4M3 cache keeps E4M3 or fp16 summaries.
+constexpr bool summary_built(int kv, int summ) {
+  return kv == E4M3 ? summ == E4M3 || summ == FP16 : summ == kv;
+}
 
 constexpr bool builds_head_dim(int d) {
   return QP_INSTANTIATE_HEAD_DIM == 0 || d == QP_INSTANTIATE_HEAD_DIM;

@@ -102,3 +102,15 @@ def test_a_broken_bench_file_is_a_config_error(tmp_path, text, word):
     path.write_text(text)
     with pytest.raises(ConfigError, match=word):
         bench.load_bench(path)
+
+
+def test_the_short_shapes_bench_is_a_subset_of_the_bench():
+    """tests/fixtures/bench-shapes.toml (issue 24's shapes at 32K B1, for a short GPU session)
+    holds cases of scenarios/bench.toml with the same model shapes."""
+    from pathlib import Path
+
+    short, _ = bench.load_bench(Path(__file__).parent / "fixtures" / "bench-shapes.toml")
+    full, _ = bench.load_bench()
+    assert len(short) == 7 and set(short) <= set(full)
+    assert {c.model.head_dim for c in short} == {96, 128, 256}
+    assert any(c.model.is_fp8 for c in short) and max(c.model.group for c in short) == 16

@@ -15,6 +15,7 @@ import pytest
 
 from questprof import KERNELS_DIR, ROOT
 from questprof.backends import constants, variants
+from questprof.core.fp8 import E4M3
 
 SOURCES = sorted(p.name for p in KERNELS_DIR.glob("*.cu"))
 CUPY_BACKEND = ROOT / "questprof" / "backends" / "cupy.py"
@@ -157,46 +158,57 @@ def test_cupy_backend_holds_no_copy_of_a_kernel_constant():
         assert name in text, f"the launcher no longer uses {name}"
 
 
-def _instances(parts, kernel: str) -> set[tuple[str, ...]]:
-    """Template arguments of every instance of `kernel` in a source's objects (mangled names)."""
+def _instances(parts, kernel: str) -> set[tuple]:
+    """Template arguments of every instance of `kernel` in a source's objects (mangled names):
+    the storage tags (a tag repeated is a substitution, S0_, of the one before), then the integer
+    (Li / Lin for a negative) and bool (Lb) arguments."""
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) is not on PATH")
-    pattern = re.compile(rf"_Z\d+{kernel}I4(fp16|bf16)((?:L[ib]\d+E)+)")
+    pattern = re.compile(rf"_Z\d+{kernel}I((?:4fp16|4bf16|4e4m3|S0_)+)((?:L[ib]n?\d+E)+)")
     found = set()
     for result, obj, _ in parts:
         assert result.returncode == 0, result.stderr
         symbols = subprocess.run([nm, str(obj)], capture_output=True, text=True, check=True).stdout
-        found |= {(m.group(1), *map(int, re.findall(r"L[ib](\d+)E", m.group(2))))
-                  for m in pattern.finditer(symbols)}
+        for m in pattern.finditer(symbols):
+            tags = []
+            for tag in re.findall(r"4(fp16|bf16|e4m3)|S0_", m.group(1)):
+                tags.append(tag or tags[-1])
+            ints = [int(x.replace("n", "-")) for x in re.findall(r"L[ib](n?\d+)E", m.group(2))]
+            found.add((*tags, *ints))
     return found
 
 
 def test_instantiated_variants_are_the_constants(objects):
-    """The variants CI builds (QP_INSTANTIATE_ALL) are exactly those the launcher may ask for:
-    attention with a page-size argument for the measured variants and S 0 for the others."""
-    dtypes, dims, groups = ("fp16", "bf16"), variants.HEAD_DIMS, variants.GROUPS
-    want = {(t, d, variants.page_template(d, g, s), g)
-            for t, d, g, s in itertools.product(dtypes, dims, groups, variants.PAGE_SIZES)}
+    """The variants CI builds (QP_INSTANTIATE_ALL) are exactly those the launcher may ask for
+    (backends/variants.py over every cache, head dim, group 1-17, mode and page size)."""
+    tag, dims, groups = variants.TAGS, variants.HEAD_DIMS, range(1, variants.GROUPS[-1] + 2)
+    pairs = {(q, kv) for q, kv, _ in variants.CACHES}
+    want = {(tag[q], tag[kv], d, variants.page_template(d, t, s, kv), t)
+            for (q, kv), d, t, s in itertools.product(pairs, dims, variants.GROUPS,
+                                                     variants.PAGE_SIZES)}
     assert _instances(objects("attention.cu"), "attention_kernel") == want
-    assert {x for x in want if x[2] == 0} and {x for x in want if x[2] == 64}
-    want = set(itertools.product(dtypes, dims, groups, (0, 1, 2)))
-    exact = {(t, d, g, m, 1) for t, d, g, m in want if variants.estimate_exact(d, g)}
-    exact |= {(t, d, g, m, 0) for t, d, g, m in want if g > 2}  # Lb1E / Lb0E
-    assert _instances(objects("estimate.cu"), "estimate_kernel") == exact
-    fused = {x for x in want if x[1] in variants.FUSED_HEAD_DIMS}
-    assert _instances(objects("estimate_topk.cu"), "estimate_topk_kernel") == fused
-    assert _instances(objects("summary.cu"), "summary_kernel") == set(
-        itertools.product(dtypes, dims))
+    assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
+    summaries = {(q, summ) for q, _, summ in variants.CACHES}
+    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m))
+            for (q, summ), d, g, m in itertools.product(summaries, dims, groups, range(3))}
+    assert _instances(objects("estimate.cu"), "estimate_kernel") == {
+        (*x[:-1], int(x[-1])) for x in want}
+    assert _instances(objects("summary.cu"), "summary_kernel") == {
+        (tag[kv], tag[summ], d) for (_, kv, summ), d in itertools.product(variants.CACHES, dims)}
+    want = set(itertools.product(("fp16", "bf16"), variants.FUSED_HEAD_DIMS, variants.GROUPS,
+                                 (0, 1, 2)))
+    assert _instances(objects("estimate_topk.cu"), "estimate_topk_kernel") == want
 
 
 def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
     """variants.ring_bytes / tile_tokens (the launcher's) equal attention_tile.cuh's own numbers
-    for every head dim and tile, printed by a host program nvcc builds; each ring fits 2 CTAs
-    per SM on an H200 (227 KiB per CTA at most, 228 KiB per SM)."""
-    pairs = list(itertools.product(variants.HEAD_DIMS, variants.GROUPS))
-    lines = [f'std::printf("%d %d %d %d\\n", {d}, {g}, attention_ring_bytes<{d}, {g}>(), '
-             f'Tile<fp16, {d}, {g}>::TT);' for d, g in pairs]
+    for 16-bit and FP8 caches, every head dim and tile, printed by a host program nvcc builds;
+    each ring fits 2 CTAs per SM on an H200 (227 KiB per CTA at most, 228 KiB per SM)."""
+    caches = {"fp16": "fp16", E4M3: "e4m3"}
+    pairs = list(itertools.product(caches, variants.HEAD_DIMS, variants.GROUPS))
+    lines = [f'std::printf("%d %d %d %d\\n", {d}, {g}, attention_ring_bytes<{caches[kv]}, {d}, '
+             f'{g}>(), Tile<fp16, {caches[kv]}, {d}, {g}>::TT);' for kv, d, g in pairs]
     src = tmp_path / "ring.cu"
     src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
                    + "\n".join(lines) + "\n}\n")
@@ -205,8 +217,7 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    got = {(d, g): (ring, tt) for d, g, ring, tt in
-           (map(int, line.split()) for line in run.stdout.splitlines())}
-    assert got == {(d, g): (variants.ring_bytes(d, g), variants.tile_tokens(d, g))
-                   for d, g in pairs}
-    assert max(ring for ring, _ in got.values()) <= 96 * 1024
+    got = [tuple(map(int, line.split()))[2:] for line in run.stdout.splitlines()]
+    assert got == [(variants.ring_bytes(d, g, kv), variants.tile_tokens(d, g, kv))
+                   for kv, d, g in pairs]
+    assert max(ring for ring, _ in got) <= 96 * 1024

@@ -8,6 +8,7 @@ import pytest
 
 from questprof.backends import variants
 from questprof.core import config
+from questprof.core.fp8 import E4M3
 
 
 @pytest.mark.parametrize("g", range(1, 129))
@@ -34,10 +35,24 @@ def test_the_page_size_is_a_template_argument_only_for_measured_variants():
     assert variants.page_template(64, 1, 128) == 0  # page size 128 was not timed
 
 
-def test_estimate_builds_with_the_group_a_constant():
-    assert variants.estimate_exact(128, 4) and variants.estimate_exact(96, 2)
-    assert not variants.estimate_exact(128, 3) and not variants.estimate_exact(128, 16)
-    assert not variants.estimate_exact(96, 4) and not variants.estimate_exact(64, 71)
+@pytest.mark.parametrize("q,summ,d,g,mode,want", [
+    ("fp16", "fp16", 128, 4, 2, (4, 2, True)),     # measured: group and mode constants
+    ("bf16", "bf16", 64, 1, 1, (1, 1, True)),
+    ("fp16", "fp16", 128, 3, 1, (4, -1, False)),   # 3 on tile 4, group and mode at launch
+    ("fp16", "fp16", 128, 16, 0, (16, -1, False)),
+    ("bf16", "bf16", 96, 1, 2, (1, 0, True)),      # tile 1: every mode is the per-head build
+    ("bf16", "bf16", 96, 2, 2, (2, -1, True)),
+    ("bf16", "fp16", 128, 4, 0, (4, -1, False)),   # fp16 summaries of an FP8 cache
+    ("fp16", E4M3, 64, 71, 1, (16, -1, False))])
+def test_estimate_builds(q, summ, d, g, mode, want):
+    assert variants.estimate_build(q, summ, d, g, mode) == want
+
+
+def test_fp8_caches_take_page_sizes_at_launch_and_twice_the_tokens():
+    assert variants.page_template(128, 4, 16, E4M3) == 0
+    assert variants.tile_tokens(128, 4, E4M3) == 2 * variants.tile_tokens(128, 4)
+    assert variants.uses_mma(128, 1, E4M3) and not variants.uses_mma(128, 1)
+    assert variants.ring_bytes(64, 1, E4M3) == variants.ring_bytes(64, 1)  # rows of 4 slots
 
 
 @pytest.mark.parametrize("d", [64, 80, 96, 128, 192, 256])
@@ -49,6 +64,9 @@ def test_tiles_and_rings(d):
         if variants.uses_mma(d, tile):
             assert tokens % 16 == 0 or tokens == 8
         assert variants.ring_bytes(d, tile) <= 96 * 1024
+        tokens = variants.tile_tokens(d, tile, E4M3)  # whole k-steps, whole rounds of copies
+        assert tokens % 16 == 0 and tokens * (d // 16) % 32 == 0
+        assert variants.ring_bytes(d, tile, E4M3) <= 96 * 1024
     assert variants.uses_mma(d, 1) == (d in (80, 96, 192))
 
 

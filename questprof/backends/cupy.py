@@ -19,13 +19,13 @@ import numpy as np
 
 from questprof import KERNELS_DIR
 from questprof.backends import constants, variants
+from questprof.backends.launch_args import attention_rows, check_budget, check_kv, check_q
 from questprof.backends.pdl import Launcher, PlainLaunch
-from questprof.core.layout import AppendPlan, PagedKV, storage_dtype
-from questprof.core.reference import reserved_positions
+from questprof.core.fp8 import E4M3
+from questprof.core.layout import AppendPlan, PagedKV
 from questprof.core.stages import MODES, check_mode
 
 _C = constants.load()
-_TAGS = {"fp16": "fp16", "bf16": "bf16"}  # template tag types of kernels/common.cuh
 GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
 EST_THREADS = _C["EST_THREADS"]
 TK_THREADS = _C["TK_THREADS"]
@@ -72,46 +72,18 @@ def _sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
-def _tag(dtype: str) -> str:
-    if dtype not in _TAGS:
-        raise ValueError(f"the cupy kernels are built for fp16 and bf16, not {dtype!r}")
-    return _TAGS[dtype]
-
-
-def _check_kv(kv: PagedKV) -> None:
-    _tag(kv.dtype)
-    problem = variants.shape_problem(kv.head_dim, kv.page_size)
-    if problem:
-        raise ValueError(problem)
-    want = storage_dtype(kv.dtype)
-    for name in ("k", "v", "summary"):
-        arr = getattr(kv, name)
-        if arr.dtype != want or not arr.flags.c_contiguous:
-            raise ValueError(f"kv.{name} must be C-contiguous {want}, got {arr.dtype}")
-    for name in ("kv_indptr", "kv_indices", "last_page_len"):
-        if getattr(kv, name).dtype != np.int32:
-            raise ValueError(f"kv.{name} must be int32")
-
-
-def _check_q(q, kv: PagedKV) -> tuple[int, int]:
-    """(q_heads, group) of q [B, Hq, d] against the cache."""
-    if q.ndim != 3 or q.shape[0] != kv.batch or q.shape[2] != kv.head_dim:
-        raise ValueError(f"q must be [{kv.batch}, Hq, {kv.head_dim}], got {tuple(q.shape)}")
-    if q.dtype != storage_dtype(kv.dtype) or not q.flags.c_contiguous:
-        raise ValueError(f"q must be C-contiguous {storage_dtype(kv.dtype)}, got {q.dtype}")
-    q_heads = int(q.shape[1])
-    if q_heads % kv.kv_heads:
-        raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv.kv_heads}")
-    return q_heads, q_heads // kv.kv_heads
-
-
 def _device_int32(x):
     return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
 
 
+def _scale(kv: PagedKV, name: str):
+    """k_scale / v_scale of an FP8 cache, a null pointer for a 16-bit one."""
+    return getattr(kv, name) if kv.is_fp8 else _NULL
+
+
 def summary(kv: PagedKV, plan: AppendPlan) -> None:
     """Apply `plan` to kv.summary [N, Hkv, 2, d] in place (slots [first, end) of each page)."""
-    _check_kv(kv)
+    _, kv_tag, summary_tag = check_kv(kv)
     if len(plan) == 0:
         return
     if not isinstance(plan.end, cupy.ndarray):
@@ -119,8 +91,9 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
         if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
     args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
-    kernel = load_kernel("summary", f"summary_kernel<{_tag(kv.dtype)}, {kv.head_dim}>")
-    kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size)))
+    kernel = load_kernel("summary", f"summary_kernel<{kv_tag}, {summary_tag}, {kv.head_dim}>")
+    kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size),
+                                  _scale(kv, "k_scale")))
 
 
 def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
@@ -132,25 +105,20 @@ def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
 
 def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
-    _check_kv(kv)
+    q_tag, _, summary_tag = check_kv(kv)
     check_mode(mode)
-    q_heads, g = _check_q(q, kv)
-    nnz, d = int(kv.kv_indices.size), kv.head_dim
+    q_heads, g = check_q(q, kv)
+    nnz, d, m = int(kv.kv_indices.size), kv.head_dim, MODES.index(mode)
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    tile, exact = variants.plan_group(g).tile, str(variants.estimate_exact(d, g)).lower()
-    expr = f"estimate_kernel<{_tag(kv.dtype)}, {d}, {tile}, {MODES.index(mode)}, {exact}>"
+    tile, mode_arg, exact = variants.estimate_build(kv.dtype, kv.summary_dtype, d, g, m)
+    expr = (f"estimate_kernel<{q_tag}, {summary_tag}, {d}, {tile}, {mode_arg}, "
+            f"{str(exact).lower()}>")
     launch(load_kernel("estimate", expr, launch.defines("estimate")),
            (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz), _i32(g)), stage="estimate")
+        _i32(nnz), _i32(g), _i32(m), _scale(kv, "k_scale")), stage="estimate")
     return scores
-
-
-def _check_budget(k_pages: int, sinks: int, window: int) -> None:
-    if k_pages < 1 or sinks < 0 or window < 0:
-        raise ValueError(f"k_pages {k_pages} must be >= 1, sinks and window >= 0")
-    reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
 
 
 def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain):
@@ -158,7 +126,7 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
     nnz = int(kv.kv_indices.size)
     if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
         raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
-    _check_budget(k_pages, sinks, window)
+    check_budget(k_pages, sinks, window)
     heads, batch = int(scores.shape[0]), kv.batch
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty(batch, dtype=cupy.int32)
@@ -177,14 +145,15 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
                   window: int = 0, launch=_plain):
     """estimate and topk as one kernel: (scores [Hs, nnz], sel [Hs, B, K], count [B]), the same
     values as the two stages; each row is selected by the block that finishes scoring it."""
-    _check_kv(kv)
+    q_tag, kv_tag, _ = check_kv(kv)
     check_mode(mode)
-    _check_budget(k_pages, sinks, window)
-    q_heads, g = _check_q(q, kv)
+    check_budget(k_pages, sinks, window)
+    q_heads, g = check_q(q, kv)
     nnz, d, batch = int(kv.kv_indices.size), kv.head_dim, kv.batch
-    if d not in variants.FUSED_HEAD_DIMS:
-        raise ValueError(f"estimate_topk is built for head dims {variants.FUSED_HEAD_DIMS}, not "
-                         f"{d}: quest(fused=False) runs it as three kernels")
+    if d not in variants.FUSED_HEAD_DIMS or kv_tag != q_tag:
+        raise ValueError(f"estimate_topk is built for 16-bit caches of head dims "
+                         f"{variants.FUSED_HEAD_DIMS}, not {kv.kv_dtype} / {d}: "
+                         "quest(fused=False) runs it as three kernels")
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
@@ -192,7 +161,7 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
     smem = max(kv.pages()) * 4
     cached = smem <= FUSED_KEYS_LIMIT
     tile = variants.plan_group(g).tile
-    expr = f"estimate_topk_kernel<{_tag(kv.dtype)}, {d}, {tile}, {MODES.index(mode)}>"
+    expr = f"estimate_topk_kernel<{q_tag}, {d}, {tile}, {MODES.index(mode)}>"
     kernel = load_kernel("estimate_topk", expr, launch.defines("estimate_topk"))
     kernel.max_dynamic_shared_size_bytes = smem if cached else 0
     launch(kernel, (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
@@ -213,36 +182,18 @@ def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tupl
     return -(-row_pages // per_split), per_split
 
 
-def _rows(q_heads: int, g: int, kv: PagedKV, sel, count):
-    """(GroupPlan of a CTA row, sel_per_q, pages of the longest row, K) for dense (sel None) or a
-    selection: one page list per KV head (dense, shared modes) serves the whole group on tiles;
-    one per q head (per-head, g > 1) gives each q head its own row (tile 1)."""
-    if sel is None:
-        return variants.plan_group(g), 0, max(kv.pages()), 1
-    if sel.ndim != 3 or sel.shape[1] != kv.batch or sel.dtype != cupy.int32:
-        raise ValueError(f"sel must be int32 [Hs, {kv.batch}, K], got {sel.dtype} {sel.shape}")
-    heads, k_sel = int(sel.shape[0]), int(sel.shape[2])
-    if heads not in (q_heads, kv.kv_heads):
-        raise ValueError(f"sel has {heads} heads: expected q_heads {q_heads} or kv_heads {kv.kv_heads}")
-    if count is None or count.shape not in ((kv.batch,), (heads, kv.batch)) or count.dtype != cupy.int32:
-        raise ValueError(f"count must be int32 [{kv.batch}] or [{heads}, {kv.batch}]")
-    per_q = heads == q_heads and g > 1
-    plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
-    return plan, int(per_q), min(k_sel, max(kv.pages())), k_sel
-
-
 def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
 
     count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
     """
-    _check_kv(kv)
-    q_heads, g = _check_q(q, kv)
-    plan, per_q, row_pages, k_sel = _rows(q_heads, g, kv, sel, count)
-    d, tag, G, s = kv.head_dim, _tag(kv.dtype), plan.tile, kv.page_size
+    q_tag, kv_tag, _ = check_kv(kv)
+    q_heads, g = check_q(q, kv)
+    plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
+    d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
     rows = kv.batch * kv.kv_heads * plan.chunks
-    splits, per_split = _splits(rows, max(row_pages, 1), s, variants.tile_tokens(d, G))
-    ring = variants.ring_bytes(d, G)
+    splits, per_split = _splits(rows, max(row_pages, 1), s, variants.tile_tokens(d, G, cache))
+    ring = variants.ring_bytes(d, G, cache)
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
     ws_o = ws_lse = row_done = _NULL
@@ -250,7 +201,8 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
-    expr = f"attention_kernel<{tag}, {d}, {variants.page_template(d, G, s)}, {G}>"
+    expr = (f"attention_kernel<{q_tag}, {kv_tag}, {d}, {variants.page_template(d, G, s, cache)}, "
+            f"{G}>")
     kernel = load_kernel("attention", expr, launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
     launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
@@ -259,7 +211,8 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         _i32(q_heads), _i32(kv.kv_heads), _i32(plan.chunks), _i32(plan.chunk_size), _i32(per_q),
         _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
-        ws_lse, row_done), shared_mem=ring, stage="attention")
+        ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale")), shared_mem=ring,
+        stage="attention")
     return out, lse
 
 
@@ -303,6 +256,7 @@ class CupyBackend:
 
     name = "cupy"
     is_gpu = True
+    kv_dtypes = ("fp16", "bf16", E4M3)  # caches it runs (FP8: fp16 or e4m3 summaries)
 
     def __init__(self, pdl: bool = True, fused: bool = False) -> None:
         self.fallback_reason: str | None = None

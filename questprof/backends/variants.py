@@ -1,5 +1,5 @@
-"""Which kernel variant serves a shape, from the tables of kernels/constants.cuh (no CuPy here, so
-CI checks every rule on a CPU).
+"""Which kernel variant serves a shape and a cache, from the tables of kernels/constants.cuh (no
+CuPy here, so CI checks every rule on a CPU).
 
 A group of g q heads per KV head runs on a tile of QP_GROUPS: the smallest tile >= g, the rows
 past g masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over the largest tile (multi-query, e.g.
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from questprof.backends import constants
+from questprof.core.fp8 import E4M3
 
 _C = constants.load()
 GROUPS = _C["QP_GROUPS"]  # tiles: q heads per attention CTA / per estimate pass over a box
@@ -23,7 +24,12 @@ MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
 FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
 EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
 ATT_WARPS = _C["ATT_WARPS"]
-VEC = 8  # values per 16-byte piece (kernels/common.cuh)
+VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
+TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
+# (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
+# (e4m3) caches under fp16 / bf16 queries with fp16 or FP8 summaries (core.layout's rule).
+CACHES = (("fp16", "fp16", "fp16"), ("bf16", "bf16", "bf16"), ("fp16", E4M3, "fp16"),
+          ("fp16", E4M3, E4M3), ("bf16", E4M3, "fp16"), ("bf16", E4M3, E4M3))
 
 
 @dataclass(frozen=True)
@@ -72,34 +78,52 @@ def measured(d: int, tile: int) -> bool:
     return d in MEASURED_HEAD_DIMS and tile in MEASURED_GROUPS
 
 
-def page_template(d: int, tile: int, page_size: int) -> int:
-    """attention_kernel's S: the page size for measured variants at measured page sizes, else 0
-    (one build that takes the page size at launch)."""
-    return page_size if measured(d, tile) and page_size in MEASURED_PAGE_SIZES else 0
+def page_template(d: int, tile: int, page_size: int, kv: str = "fp16") -> int:
+    """attention_kernel's S: the page size for measured variants (16-bit caches) at measured page
+    sizes, else 0 (one build that takes the page size at launch)."""
+    fixed = kv != E4M3 and measured(d, tile) and page_size in MEASURED_PAGE_SIZES
+    return page_size if fixed else 0
 
 
-def estimate_exact(d: int, g: int) -> bool:
-    """estimate_kernel's EXACT: the group is the tile and that build exists (tiles 1 and 2, the
-    measured variants); otherwise the build that takes the group from the launch."""
+def estimate_build(q: str, summary: str, d: int, g: int, mode: int) -> tuple[int, int, bool]:
+    """(tile G, MODE, EXACT) of estimate_kernel for g q heads per KV head in selection mode
+    `mode` (0-2): the measured builds (the group a constant, one per mode); tile 1 its per-head
+    build (one q head per KV head: every mode gives the same scores); tile 2 its group a
+    constant, the mode from the launch (-1); larger tiles both from the launch."""
     tile = plan_group(g).tile
-    return g == tile and (tile <= 2 or measured(d, tile))
+    if q == summary and measured(d, tile) and g == tile:
+        return tile, mode, True
+    if tile <= 2:
+        return tile, 0 if tile == 1 else -1, True
+    return tile, -1, False
 
 
-def uses_mma(d: int, tile: int) -> bool:
+def _pieces(d: int, kv: str) -> int:
+    """16-byte pieces of a K / V row: d / 8 16-bit values, or d / 16 e4m3 codes."""
+    return d // (2 * VEC) if kv == E4M3 else d // VEC
+
+
+def uses_mma(d: int, tile: int, kv: str = "fp16") -> bool:
     """Tensor-core tile (MmaTile) or CUDA-core tile (CoreTile): attention_tile.cuh's Tile."""
-    return tile >= 4 or row_lanes(d) != d // VEC
+    return tile >= 4 or row_lanes(d) != d // VEC or kv == E4M3
 
 
-def tile_tokens(d: int, tile: int) -> int:
-    """Tokens of one warp tile (Ring::TT): 32 at d 64, 16 at d 80 to 128, 8 at d 192 and 256."""
-    return constants.per_group("ATT_LOADS", tile) * 32 // row_lanes(d)
+def tile_tokens(d: int, tile: int, kv: str = "fp16") -> int:
+    """Tokens of one warp tile (Ring::TT): 32 at d 64, 16 at d 80 to 128, 8 at d 192 and 256;
+    twice as many over an e4m3 cache (the same bytes)."""
+    lanes = 1
+    while lanes < _pieces(d, kv):
+        lanes *= 2
+    return constants.per_group("ATT_LOADS", tile) * 32 // lanes
 
 
-def ring_bytes(d: int, tile: int) -> int:
+def ring_bytes(d: int, tile: int, kv: str = "fp16") -> int:
     """Dynamic shared memory of one attention CTA: ATT_WARPS rings of NS stages (K and V)."""
-    pieces = d // VEC
-    row_slots = -(-pieces // 8) * 8 if uses_mma(d, tile) else pieces
-    stage = 2 * tile_tokens(d, tile) * row_slots * 16
+    pieces = _pieces(d, kv)
+    row_slots = pieces
+    if uses_mma(d, tile, kv) and pieces != 4:  # swizzled rows: whole groups of 8 slots
+        row_slots = -(-pieces // 8) * 8
+    stage = 2 * tile_tokens(d, tile, kv) * row_slots * 16
     return ATT_WARPS * constants.per_group("ATT_STAGES", tile) * stage
 
 

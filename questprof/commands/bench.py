@@ -127,10 +127,10 @@ def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
 
 
 def _fused_built(cfg: Config) -> bool:
-    """estimate_topk (the fused form) is built for this head dim (kernels/constants.cuh)."""
+    """estimate_topk (the fused form) is built for this cache (16-bit) and head dim."""
     from questprof.backends.variants import FUSED_HEAD_DIMS
 
-    return cfg.model.head_dim in FUSED_HEAD_DIMS
+    return cfg.model.head_dim in FUSED_HEAD_DIMS and not cfg.model.is_fp8
 
 
 def add_speedups(rows: list[dict]) -> None:

@@ -1,0 +1,84 @@
+"""What the CuPy launchers (backends/cupy.py) check before a launch: the cache's dtypes, storage
+and shape against the built kernels, q against the cache, a selection against both, and how the
+CTA rows of attention cover the q heads. Only NumPy dtypes and array attributes are read, so CI
+checks these rules without CuPy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from questprof.backends import variants
+from questprof.core.layout import PagedKV, storage_dtype
+from questprof.core.reference import reserved_positions
+
+_INT32 = np.dtype(np.int32)
+
+
+def cache_tags(kv: PagedKV) -> tuple[str, str, str]:
+    """Template tags (queries, K / V, summaries) of a cache the kernels run; ValueError naming the
+    caches they run otherwise."""
+    key = (kv.dtype, kv.kv_dtype, kv.summary_dtype)
+    if key not in variants.CACHES:
+        built = ", ".join(f"{q} queries over {k} with {s} summaries" for q, k, s in variants.CACHES)
+        raise ValueError(f"the cupy kernels are not built for {kv.dtype} queries over a "
+                         f"{kv.kv_dtype} cache with {kv.summary_dtype} summaries: they take {built}")
+    return tuple(variants.TAGS[x] for x in key)
+
+
+def check_kv(kv: PagedKV) -> tuple[str, str, str]:
+    """cache_tags(kv) after checking its shape, storage and page tables."""
+    tags = cache_tags(kv)
+    problem = variants.shape_problem(kv.head_dim, kv.page_size)
+    if problem:
+        raise ValueError(problem)
+    wants = {"k": kv.kv_dtype, "v": kv.kv_dtype, "summary": kv.summary_dtype}
+    for name, dtype in wants.items():
+        arr, want = getattr(kv, name), storage_dtype(dtype)
+        if arr.dtype != want or not arr.flags.c_contiguous:
+            raise ValueError(f"kv.{name} must be C-contiguous {want}, got {arr.dtype}")
+    if kv.is_fp8:
+        for name in ("k_scale", "v_scale"):
+            arr = getattr(kv, name)
+            if arr.dtype != np.float32 or arr.shape != (kv.kv_heads,) or not arr.flags.c_contiguous:
+                raise ValueError(f"kv.{name} must be C-contiguous float32 [{kv.kv_heads}]")
+    for name in ("kv_indptr", "kv_indices", "last_page_len"):
+        if getattr(kv, name).dtype != _INT32:
+            raise ValueError(f"kv.{name} must be int32")
+    return tags
+
+
+def check_q(q, kv: PagedKV) -> tuple[int, int]:
+    """(q_heads, group) of q [B, Hq, d] against the cache."""
+    if q.ndim != 3 or q.shape[0] != kv.batch or q.shape[2] != kv.head_dim:
+        raise ValueError(f"q must be [{kv.batch}, Hq, {kv.head_dim}], got {tuple(q.shape)}")
+    if q.dtype != storage_dtype(kv.dtype) or not q.flags.c_contiguous:
+        raise ValueError(f"q must be C-contiguous {storage_dtype(kv.dtype)}, got {q.dtype}")
+    q_heads = int(q.shape[1])
+    if q_heads % kv.kv_heads:
+        raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv.kv_heads}")
+    return q_heads, q_heads // kv.kv_heads
+
+
+def check_budget(k_pages: int, sinks: int, window: int) -> None:
+    if k_pages < 1 or sinks < 0 or window < 0:
+        raise ValueError(f"k_pages {k_pages} must be >= 1, sinks and window >= 0")
+    reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
+
+
+def attention_rows(q_heads: int, g: int, kv: PagedKV, sel, count):
+    """(GroupPlan of a CTA row, sel_per_q, pages of the longest row, K) for dense (sel None) or a
+    selection: one page list per KV head (dense, shared modes) serves the whole group on tiles;
+    one per q head (per-head, g > 1) gives each q head its own row (tile 1)."""
+    if sel is None:
+        return variants.plan_group(g), 0, max(kv.pages()), 1
+    if sel.ndim != 3 or sel.shape[1] != kv.batch or sel.dtype != _INT32:
+        raise ValueError(f"sel must be int32 [Hs, {kv.batch}, K], got {sel.dtype} {sel.shape}")
+    heads, k_sel = int(sel.shape[0]), int(sel.shape[2])
+    if heads not in (q_heads, kv.kv_heads):
+        raise ValueError(f"sel has {heads} heads: expected q_heads {q_heads} or kv_heads {kv.kv_heads}")
+    if count is None or count.shape not in ((kv.batch,), (heads, kv.batch)) or count.dtype != _INT32:
+        raise ValueError(f"count must be int32 [{kv.batch}] or [{heads}, {kv.batch}]")
+    per_q = heads == q_heads and g > 1
+    plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
+    return plan, int(per_q), min(k_sel, max(kv.pages())), k_sel
