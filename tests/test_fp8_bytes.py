@@ -151,3 +151,24 @@ def test_e2e_rows_say_why_they_are_skipped(shape, words):
 
     rows = measure_e2e(shape, [2048, 4096], 16, 512, 1, NumpyBackend())
     assert [r["status"] for r in rows] == ["skipped"] * 2 and words in rows[0]["reason"]
+
+
+def test_an_fp8_byte_check_leaves_the_16_bit_naive_peer_out(monkeypatch):
+    """The naive torch gather reads 16-bit pages: over an FP8 cache it is not measured (on an
+    H200 it failed the whole CUPTI source of such a check), while a plain cache keeps it."""
+    from questprof.backends.numpy import NumpyBackend
+    from questprof.commands import bytes as bytes_cmd
+    from questprof.workload.pools import Workload
+
+    seen = []
+
+    def measured(work, source, keys, flush, gpm, protocol):
+        seen.append([impl for _, impl in keys])
+        return {k: (1.0, 1.0, None) for k in keys}
+
+    monkeypatch.setattr(bytes_cmd, "_measured", measured)
+    monkeypatch.setattr(bytes_cmd, "_workload", lambda cfg, b, *_: Workload(cfg, b, 2))
+    for kv_dtype in ("fp8", None):
+        shape = ModelShape("m", 2, 4, 2, 64, "fp16", kv_dtype=kv_dtype)
+        bytes_cmd.measure_config(Config(shape, 256, 1, 16, 64), NumpyBackend(), "cupti", None)
+    assert bytes_cmd.NAIVE not in seen[0] and bytes_cmd.NAIVE in seen[1]
