@@ -1,0 +1,52 @@
+"""A CPU stand-in for the few CuPy names backends/cupy.py touches, for a dry run of the launchers
+without a GPU: arrays are NumPy's, kernels record their launches instead of running."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+
+def make() -> types.ModuleType:
+    """A fresh module named cupy; its LAUNCHES list holds (expression, grid, block, args,
+    shared_mem) of every launch."""
+    cupy = types.ModuleType("cupy")
+    cupy.ndarray, cupy.asarray, cupy.asnumpy = np.ndarray, np.asarray, np.asarray
+    cupy.empty, cupy.zeros, cupy.ascontiguousarray = np.empty, np.zeros, np.ascontiguousarray
+    cupy.float32, cupy.int32 = np.float32, np.int32
+    cupy.LAUNCHES = []
+
+    class RawKernel:
+        ptx_version = 90
+
+        def __init__(self, expression):
+            self.expression, self.max_dynamic_shared_size_bytes = expression, 0
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            cupy.LAUNCHES.append((self.expression, tuple(grid), tuple(block), args, shared_mem))
+
+    class RawModule:
+        def __init__(self, code, options, name_expressions):
+            self.names = name_expressions
+
+        def get_function(self, expression):
+            assert expression in self.names
+            return RawKernel(expression)
+
+    class Device:
+        id, compute_capability = 0, "90"
+        attributes = {"MultiProcessorCount": 132}
+
+        def __init__(self, *_):
+            pass
+
+    class Stream:
+        ptr = 0
+
+        def synchronize(self):
+            pass
+
+    cupy.RawModule = RawModule
+    cupy.cuda = types.SimpleNamespace(Device=Device, get_current_stream=Stream)
+    return cupy
