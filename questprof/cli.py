@@ -251,8 +251,11 @@ def fidelity(
     mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
         = "per-head",
     steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
-    depths: Annotated[str, typer.Option(help="Passkey depths (fractions of the filler)")]
-        = "0.1,0.5,0.9",
+    prompts: Annotated[Optional[int], typer.Option(help=default(
+        "Prompts per length (passkey: keys at spread depths and page offsets)", 20))] = None,
+    depths: Annotated[Optional[str], typer.Option(help=default(
+        "Passkey depths (fractions of the filler), one prompt each",
+        "--prompts depths spread over 0..1"))] = None,
     dense_layers: Annotated[Optional[int], typer.Option(help=default(
         "First layers kept dense", "2; synthetic: the scenario's"))] = None,
     dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "

@@ -49,22 +49,28 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str):
 
 def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
-                 depths: str = "0.1,0.5,0.9", dense_layers: int | None = None,
-                 dtype: str = "auto", task: bool = True, seed: int = 0):
+                 depths: str | None = None, dense_layers: int | None = None,
+                 dtype: str = "auto", task: bool = True, seed: int = 0, prompts: int | None = None):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
-    from questprof.fidelity.runner import SOURCES, Request
+    from questprof.fidelity.runner import PROMPTS, SOURCES, Request
     if source not in SOURCES:
         raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
     if steps < 1:
         raise ConfigError(f"--steps {steps} must be at least 1")
+    if prompts is not None and prompts < 1:
+        raise ConfigError(f"--prompts {prompts} must be at least 1")
     if source == "cache" and not cache_path:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
     _needs("torch", "safetensors", *(("transformers",) if source in ("passkey", "natural") else ()))
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
+    chosen = _depths(depths) if depths else ()
+    count = len(chosen) if chosen else (prompts or PROMPTS)
     return Request(source, _grid(page_sizes, budgets, modes, dtype), tuple(sizes), steps,
-                   _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,
-                   scenario or "smoke", model_path or "smollm2", str(cache_path or ""))
+                   depths=chosen, dense_layers=_dense_layers(source, scenario, dense_layers),
+                   task=task, seed=seed, scenario=scenario or "smoke",
+                   model=model_path or "smollm2", cache_path=str(cache_path or ""),
+                   prompts=count)
 
 
 def _depths(text: str) -> tuple[float, ...]:
@@ -97,7 +103,9 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
             "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
             "fidelity": {"source": request.source, "model": request.model,
                          "lengths": list(request.lengths), "steps": request.steps,
-                         "depths": list(request.depths), "dense_layers": request.dense_layers,
+                         "prompts": request.prompts,
+                         "depths": list(request.prompt_depths()) if request.source == "passkey"
+                         else [], "dense_layers": request.dense_layers,
                          "page_sizes": list(request.grid.page_sizes),
                          "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
                          "dtype": request.grid.dtype, "cache": request.cache_path}}
@@ -187,7 +195,7 @@ def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
     request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
                            args["steps"], args["depths"], args["dense_layers"], args["dtype"],
-                           args["task"], args["seed"])
+                           args["task"], args["seed"], args.get("prompts"))
     check_min_recall(args["min_recall"])
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")

@@ -1,4 +1,10 @@
-"""Every metric of a capture for every page size, budget and mode, selection by the backend."""
+"""Every metric of a batch of captures of one length, for every page size, budget and mode.
+
+The prompts of a batch run together: their q heads are stacked as B * Hq heads (KV heads as
+B * Hkv) for the metrics, and one index per layer and page size holds all B requests for the
+selection (select.page_index: the backend's kernels on a GPU, the vectorised reference on the
+CPU). Budgets of one page size share the scores of a query; only top-K runs per budget.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import torch
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         selection_mask, stale_mask)
-from questprof.fidelity.select import PageIndex, stored
+from questprof.fidelity.select import page_index, stored
 
 
 @dataclass(frozen=True)
@@ -29,42 +35,71 @@ class FidelityGrid:
                 if b % s == 0]
 
 
-class _LayerState:
-    """One layer's page indexes (one per page size) and the first step's selections."""
+def _host(x) -> np.ndarray:
+    """A metric as a host array (torch tensors on any device, or NumPy)."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
 
-    def __init__(self, cap: Capture, keys, backend, grid: FidelityGrid) -> None:
-        first = cap.step_length(0)
-        self.indexes = {s: PageIndex(backend, keys[:, :first], s, grid.dtype, cap.length)
-                        for s in grid.page_sizes}
+
+def flat_selection(sel: np.ndarray) -> np.ndarray:
+    """Selections [Hs, B, K] as [B * Hs, K] (request-major, like the stacked heads)."""
+    return np.ascontiguousarray(sel.transpose(1, 0, 2)).reshape(-1, sel.shape[2])
+
+
+class _Layer:
+    """One layer of a batch: stored keys and values as [B * Hkv, L, d], queries [B, steps, Hq,
+    d], and one index per page size grown step by step."""
+
+    def __init__(self, caps: list[Capture], layer: int, backend, grid: FidelityGrid,
+                 bases: dict | None) -> None:
+        keys = stored(np.stack([c.keys[layer] for c in caps]), grid.dtype)   # [B, Hkv, L, d]
+        self.batch, kv_heads, length, d = keys.shape
+        self.keys = keys
+        self.flat_keys = keys.reshape(-1, length, d)
+        self.flat_values = stored(np.stack([c.values[layer] for c in caps]),
+                                  grid.dtype).reshape(-1, length, d)
+        self.queries = stored(np.stack([c.queries[layer] for c in caps]), grid.dtype)
+        first = caps[0].step_length(0)
+        if bases is None:
+            self.indexes = {s: page_index(backend, keys[:, :, :first], s, grid.dtype, length)
+                            for s in grid.page_sizes}
+        else:  # the prefilled keys' summaries, shared with the task: add the fed token
+            self.indexes = {s: bases[s][layer].copy() for s in grid.page_sizes}
+            for index in self.indexes.values():
+                index.append(keys[:, :, index.length:first])
         self.first_masks: dict = {}
 
 
-def _step_metrics(state: _LayerState, s: int, q, stats, grid: FidelityGrid, out, at) -> None:
-    """Metrics of one query at page size s for every mode and budget, into out[...][at]."""
+def _step(state: _Layer, s: int, q, stats, grid: FidelityGrid, out, at) -> None:
+    """Metrics of one step's queries q [B, Hq, d] at page size s, every mode and budget."""
     index = state.indexes[s]
-    bound = index.backend.to_host(index.scores(q, "per-head"))
+    heads = q.shape[0] * q.shape[1]
+    per_head = index.scores(q, "per-head")
+    bound = index.to_host(per_head).transpose(1, 0, 2).reshape(heads, -1)   # [B * Hq, P]
     for mode in grid.modes:
-        scores = index.scores(q, mode) if mode != "per-head" else index.backend.asarray(bound)
+        scores = per_head if mode == "per-head" else index.scores(q, mode)
         for budget in (b for b in grid.budgets if b % s == 0):
             sel, count = index.select(scores, budget // s)
-            mask = selection_mask(sel, count, q.shape[0], index.pages)
+            mask = selection_mask(flat_selection(sel), count, heads, index.pages)
             first = state.first_masks.setdefault((s, budget, mode), mask)
             values = head_metrics(stats, mask, bound, stale_mask(first, index.pages))
-            out[(s, budget, mode)][at] = torch.stack([values[m] for m in METRICS]).cpu().numpy()
+            got = np.stack([_host(values[m]) for m in METRICS])             # [M, B * Hq]
+            out[(s, budget, mode)][:, at[0], at[1]] = got.reshape(
+                len(METRICS), state.batch, -1).transpose(1, 0, 2)
 
 
-def evaluate_layer(cap: Capture, layer: int, backend, grid: FidelityGrid, out) -> None:
-    """Fill out[(S, B, mode)][layer, step] = metrics [len(METRICS), Hq] for one layer."""
-    keys, values = stored(cap.keys[layer], grid.dtype), stored(cap.values[layer], grid.dtype)
-    queries = stored(cap.queries[layer], grid.dtype)
-    state = _LayerState(cap, keys, backend, grid)
-    for step in range(cap.steps):
-        n = cap.step_length(step)
-        dense = dense_attention(queries[step], keys[:, :n], values[:, :n], cap.scaling)
+def evaluate_layer(caps: list[Capture], layer: int, backend, grid: FidelityGrid, out,
+                   bases: dict | None = None) -> None:
+    """Fill out[(S, B, mode)][:, layer, step] = metrics [batch, len(METRICS), Hq]."""
+    state = _Layer(caps, layer, backend, grid, bases)
+    for step in range(caps[0].steps):
+        n = caps[0].step_length(step)
+        q = state.queries[:, step]                                            # [B, Hq, d]
+        dense = dense_attention(q.reshape(-1, q.shape[-1]), state.flat_keys[:, :n],
+                                state.flat_values[:, :n], caps[0].scaling)
         for s, index in state.indexes.items():
             if step:
-                index.append(keys[:, n - 1:n])
-            _step_metrics(state, s, queries[step], page_stats(dense, s), grid, out, (layer, step))
+                index.append(state.keys[:, :, n - 1:n])
+            _step(state, s, q, page_stats(dense, s), grid, out, (layer, step))
 
 
 @contextmanager
@@ -80,13 +115,23 @@ def one_thread():
         torch.set_num_threads(before)
 
 
-def evaluate(cap: Capture, backend, grid: FidelityGrid, progress=None) -> dict:
-    """{(page_size, budget, mode): metrics [layers, steps, len(METRICS), Hq] float64}."""
-    shape = (cap.layers, cap.steps, len(METRICS), cap.q_heads)
+def evaluate_batch(caps: list[Capture], backend, grid: FidelityGrid, progress=None,
+                   bases: dict | None = None) -> dict:
+    """{(page_size, budget, mode): metrics [batch, layers, steps, len(METRICS), Hq] float64}
+    for captures of one length and shape. bases: {page size: {layer: index of the first
+    step_length(0) - 1 keys}} to start from (model_run.base_indexes, shared with the task)."""
+    first = caps[0]
+    shape = (len(caps), first.layers, first.steps, len(METRICS), first.q_heads)
     out = {key: np.full(shape, np.nan) for key in grid.settings()}
     with one_thread():
-        for layer in range(cap.layers):
-            evaluate_layer(cap, layer, backend, grid, out)
+        for layer in range(first.layers):
+            evaluate_layer(caps, layer, backend, grid, out, bases)
             if progress is not None:
-                progress(layer + 1, cap.layers)
+                progress(layer + 1, first.layers)
     return out
+
+
+def evaluate(cap: Capture, backend, grid: FidelityGrid, progress=None) -> dict:
+    """{(page_size, budget, mode): metrics [layers, steps, len(METRICS), Hq] float64} of one
+    capture."""
+    return {k: v[0] for k, v in evaluate_batch([cap], backend, grid, progress).items()}

@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from questprof.fidelity.metrics import selection_mask
-from questprof.fidelity.select import PageIndex
 
 ATTENTION = "questprof_fidelity"
 _ACTIVE: list = []  # the hook fed by decode calls; a stack so hooks nest in tests
@@ -55,7 +54,8 @@ class active:
 
 
 class Recorder:
-    """Records each layer's decode queries [Hq, d] per step and its latest cache [Hkv, L, d]."""
+    """Records each layer's decode queries [B, Hq, d] per step and its latest cache
+    [B, Hkv, L, d] (a batch of prompts of equal length)."""
 
     def __init__(self, layers: int) -> None:
         self.queries = [[] for _ in range(layers)]
@@ -64,49 +64,52 @@ class Recorder:
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
-        self.queries[layer].append(query[0, :, 0].detach().float().cpu())
-        self.keys[layer], self.values[layer] = key[0].detach(), value[0].detach()
+        self.queries[layer].append(query[:, :, 0].detach().float().cpu())
+        self.keys[layer], self.values[layer] = key.detach(), value.detach()
         self.scaling = float(module.scaling)
         return None  # the model's own attention computes the output
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """queries [layers, steps, Hq, d], keys and values [layers, Hkv, L, d], float32."""
-        q = torch.stack([torch.stack(steps) for steps in self.queries])
-        k, v = (torch.stack([x.float().cpu() for x in xs]) for xs in (self.keys, self.values))
+        """queries [B, layers, steps, Hq, d], keys and values [B, layers, Hkv, L, d], float32."""
+        q = torch.stack([torch.stack(steps, dim=1) for steps in self.queries], dim=1)
+        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1) for xs in (self.keys, self.values))
         return q.numpy(), k.numpy(), v.numpy()
 
 
 class QuestHook:
-    """Decode attention over Quest's pages (backend selection) in layers >= dense_layers."""
+    """Decode attention over Quest's pages in layers >= dense_layers, for a batch of prompts.
 
-    def __init__(self, backend, page_size: int, budget: int, mode: str, dtype: str,
-                 dense_layers: int, capacity: int) -> None:
-        self.backend, self.page_size, self.k_pages = backend, page_size, budget // page_size
-        self.mode, self.dtype, self.dense_layers = mode, dtype, dense_layers
-        self.capacity = capacity
-        self.indexes: dict[int, PageIndex] = {}
+    base: {layer: index of the prompts' prefilled keys} at this page size (select.page_index);
+    each hook grows its own copies, so one base serves every budget.
+    """
 
-    def _index(self, layer: int, keys: np.ndarray) -> PageIndex:
+    def __init__(self, base: dict, k_pages: int, mode: str, dense_layers: int) -> None:
+        self.base, self.k_pages, self.mode = base, k_pages, mode
+        self.dense_layers = dense_layers
+        self.indexes: dict = {}
+
+    def _index(self, layer: int, key: torch.Tensor):
         index = self.indexes.get(layer)
         if index is None:
-            index = self.indexes[layer] = PageIndex(self.backend, keys, self.page_size,
-                                                    self.dtype, self.capacity)
-        elif keys.shape[1] > index.length:
-            index.append(keys[:, index.length:])
+            index = self.indexes[layer] = self.base[layer].copy()
+        if key.shape[2] > index.length:  # only the new tokens cross to the host
+            index.append(key[:, :, index.length:].detach().float().cpu().numpy())
         return index
 
     def __call__(self, module, query, key, value):
         if module.layer_idx < self.dense_layers:
             return None
-        index = self._index(module.layer_idx, key[0].detach().float().cpu().numpy())
-        q = query[0, :, 0].detach().float().cpu().numpy()
-        sel, count = index.select(index.scores(q, self.mode), self.k_pages)
-        pages = selection_mask(sel, count, q.shape[0], index.pages)
-        tokens = pages.repeat_interleave(self.page_size, dim=1)[:, : key.shape[2]]
-        group = query.shape[1] // key.shape[1]
-        k, v = (x.repeat_interleave(group, dim=1) for x in (key, value))
+        index = self._index(module.layer_idx, key)
+        q = query[:, :, 0].detach().float().cpu().numpy()            # [B, Hq, d]
+        sel, count = index.select(index.scores(q, self.mode), self.k_pages)  # [Hs, B, K]
+        batch, q_heads = q.shape[:2]
+        flat = np.ascontiguousarray(sel.transpose(1, 0, 2)).reshape(-1, sel.shape[2])
+        pages = selection_mask(flat, count, batch * q_heads, index.pages)  # [B * Hq, P]
+        tokens = torch.as_tensor(pages).reshape(batch, q_heads, -1).repeat_interleave(
+            index.page_size, dim=2)[:, :, : key.shape[2]]
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, k, v, attn_mask=tokens[None, :, None, :].to(query.device), scale=module.scaling)
+            query, key, value, attn_mask=tokens[:, :, None, :].to(query.device),
+            scale=module.scaling, enable_gqa=True)
         return out.transpose(1, 2).contiguous()
 
 
@@ -117,18 +120,20 @@ def _cache_kw(model) -> str:
 
 
 def prefill(model, ids: torch.Tensor):
-    """Run the prompt ids [1, n]; returns the cache (logits of the last position only)."""
+    """Run the prompts' ids [B, n]; returns the cache (logits of the last position only)."""
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
     return getattr(out, "cache", None) or out.past_key_values
 
 
-def decode(model, cache, token: int, steps: int) -> list[int]:
-    """Greedy decode: feed `token`, then each argmax, `steps` times; returns the new tokens."""
-    kw, out_tokens = _cache_kw(model), []
+def decode(model, cache, tokens, steps: int) -> list[list[int]]:
+    """Greedy decode of a batch: feed `tokens` [B] (one per prompt), then each row's argmax,
+    `steps` times; returns the new tokens per prompt."""
+    kw = _cache_kw(model)
     device = next(model.parameters()).device
+    ids = torch.tensor([[int(t)] for t in tokens], device=device)
+    out = []
     for _ in range(steps):
-        ids = torch.tensor([[token]], device=device)
         logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits
-        token = int(logits[0, -1].argmax())
-        out_tokens.append(token)
-    return out_tokens
+        ids = logits[:, -1].argmax(dim=-1, keepdim=True)
+        out.append(ids[:, 0].tolist())
+    return [list(row) for row in zip(*out)]

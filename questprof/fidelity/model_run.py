@@ -1,7 +1,11 @@
-"""A real model's decode attention: capture every decode step, and the passkey task under Quest.
+"""A real model's decode attention for a batch of prompts of equal length: capture every
+decode step, and the passkey task with Quest in the decode loop.
 
 The prompt's last token is fed as the first decode step (the rest is prefilled, dense), so
 every answer token, the first included, comes from a decode query that Quest would serve.
+Prompts run through the model together (one prefill of [B, n - 1] tokens, one decode of B
+rows per step); each page size's summaries of the prefilled keys are built once per layer and
+copied for each budget.
 """
 
 from __future__ import annotations
@@ -15,14 +19,16 @@ from questprof.fidelity.capture import Capture
 from questprof.fidelity.hooks import QuestHook, Recorder, active, decode, install, prefill
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
+from questprof.fidelity.select import page_index
 
 
 @dataclass
 class Captured:
-    """A capture with the dense answer and the prefilled cache (prompt minus its last token)."""
+    """Captures of a batch of prompts with their dense answers and the prefilled cache (each
+    prompt minus its last token, `prefix` tokens)."""
 
-    capture: Capture
-    tokens: list[int]
+    captures: list[Capture]
+    tokens: list[list[int]]
     cache: object
     prefix: int
 
@@ -39,23 +45,36 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def _check_batch(batch: list[Prompt]) -> int:
+    sizes = {len(p.ids) for p in batch}
+    if len(sizes) != 1:
+        raise ValueError(f"prompts of one batch must have one length, got {sorted(sizes)}")
+    return sizes.pop()
+
+
 @torch.inference_mode()
-def capture(loaded: LoadedModel, prompt: Prompt, steps: int, source: str) -> Captured:
-    """Prefill, then `steps` greedy decode steps with every layer's q, k, v recorded."""
-    check_fits(loaded, prompt, steps)
+def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -> Captured:
+    """Prefill the prompts, then `steps` greedy decode steps with every layer's q, k, v
+    recorded; one Capture per prompt."""
+    n = _check_batch(batch)
+    for prompt in batch:
+        check_fits(loaded, prompt, steps)
     model = loaded.model
     install(model)
-    ids = torch.tensor([prompt.ids[:-1]], device=_device(model))
+    ids = torch.tensor([p.ids[:-1] for p in batch], device=_device(model))
     cache = prefill(model, ids)
     recorder = Recorder(model.config.num_hidden_layers)
     with active(recorder):
-        tokens = decode(model, cache, prompt.ids[-1], steps)
+        tokens = decode(model, cache, [p.ids[-1] for p in batch], steps)
     q, k, v = recorder.arrays()
-    text = loaded.tokenizer.decode(tokens) if loaded.tokenizer is not None else ""
-    info = {"prompt": prompt.label, "answer": prompt.answer, "generated": text,
-            "dense_correct": answered(loaded.tokenizer, prompt, tokens)}
-    cap = Capture(q, k, v, recorder.scaling, loaded.name, source, info).check()
-    return Captured(cap, tokens, cache, ids.shape[1])
+    caps = []
+    for i, prompt in enumerate(batch):
+        text = loaded.tokenizer.decode(tokens[i]) if loaded.tokenizer is not None else ""
+        info = {"prompt": prompt.label, "answer": prompt.answer, "generated": text,
+                "dense_correct": answered(loaded.tokenizer, prompt, tokens[i])}
+        caps.append(Capture(q[i], k[i], v[i], recorder.scaling, loaded.name, source,
+                            info).check())
+    return Captured(caps, tokens, cache, n - 1)
 
 
 def _crop(cache, keep: int) -> None:
@@ -66,15 +85,30 @@ def _crop(cache, keep: int) -> None:
         cache.crop(-extra)
 
 
+def base_indexes(captured: Captured, backend, page_size: int, dtype: str,
+                 dense_layers: int) -> dict:
+    """{layer: index of the prefilled keys [B, Hkv, prefix, d]} for layers >= dense_layers."""
+    caps = captured.captures
+    capacity = captured.prefix + caps[0].steps
+    return {layer: page_index(backend, _stack_keys(caps, layer, captured.prefix), page_size,
+                              dtype, capacity)
+            for layer in range(dense_layers, caps[0].layers)}
+
+
+def _stack_keys(caps: list[Capture], layer: int, tokens: int):
+    import numpy as np
+    return np.stack([c.keys[layer, :, :tokens] for c in caps])
+
+
 @torch.inference_mode()
-def quest_answer(loaded: LoadedModel, prompt: Prompt, captured: Captured, backend, page_size: int,
-                 budget: int, mode: str, dense_layers: int,
-                 dtype: str) -> tuple[list[int], bool | None]:
-    """Greedy answer with Quest attention in layers >= dense_layers; (tokens, correct)."""
-    steps = captured.capture.steps
+def quest_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, base: dict,
+                  budget: int, page_size: int, mode: str,
+                  dense_layers: int) -> list[tuple[list[int], bool | None]]:
+    """Greedy answers with Quest attention in layers >= dense_layers: (tokens, correct) per
+    prompt. base: base_indexes at this page size."""
+    steps = captured.captures[0].steps
     _crop(captured.cache, captured.prefix)
-    hook = QuestHook(backend, page_size, budget, mode, dtype, dense_layers,
-                     captured.prefix + steps)
+    hook = QuestHook(base, budget // page_size, mode, dense_layers)
     with active(hook):
-        tokens = decode(loaded.model, captured.cache, prompt.ids[-1], steps)
-    return tokens, answered(loaded.tokenizer, prompt, tokens)
+        tokens = decode(loaded.model, captured.cache, [p.ids[-1] for p in batch], steps)
+    return [(t, answered(loaded.tokenizer, p, t)) for p, t in zip(batch, tokens)]

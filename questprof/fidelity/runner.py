@@ -5,12 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
-from questprof.fidelity.evaluate import FidelityGrid, evaluate, one_thread
+from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
 
 SOURCES = ("synthetic", "passkey", "natural", "cache")
+PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
+# Host bytes one chunk of prompts may hold (captured keys and values, the model's cache):
+# 20 SmolLM2 prompts of 2K tokens take 1.9 GB, of 8K 7.6 GB (so 8K runs in chunks of 8)
+CHUNK_BYTES = 6 << 30
 
 
 @dataclass(frozen=True)
@@ -21,13 +27,17 @@ class Request:
     grid: FidelityGrid
     lengths: tuple[int, ...] = ()
     steps: int = 8
-    depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    depths: tuple[float, ...] = ()  # passkey depths; empty: `prompts` depths spread over 0..1
     dense_layers: int = 2
     task: bool = True
     seed: int = 0
     scenario: str = "smoke"
     model: str = "smollm2"
     cache_path: str = ""
+    prompts: int = PROMPTS
+
+    def prompt_depths(self) -> tuple[float, ...]:
+        return self.depths or prompts.spread_depths(self.prompts)
 
 
 def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -> dict:
@@ -38,13 +48,18 @@ def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -
 
 
 def _evaluate(caps, request: Request, backend, scenario: str, length: int, log) -> list[dict]:
-    """Rows of one length from its captures (prompts of one length pooled)."""
+    """Rows of one length from captures of one shape (each its own batch of one)."""
     started = time.perf_counter()
-    results = [evaluate(cap, backend, request.grid) for cap in caps]
+    results = [evaluate_batch([cap], backend, request.grid) for cap in caps]
     log(f"{caps[0].source} {length} tokens: metrics of {len(caps)} capture(s) in "
         f"{time.perf_counter() - started:.1f} s")
     meta = _meta(caps[0], request, backend, scenario, caps[0].source)
-    return rows.fidelity_rows(meta, length, results, request.dense_layers)
+    return rows.fidelity_rows(meta, length, _concat(results), request.dense_layers)
+
+
+def _concat(parts: list[dict]) -> dict:
+    """{setting: metrics} of several batches, prompts concatenated along the first axis."""
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
 def synthetic_rows(request: Request, backend, log):
@@ -65,12 +80,14 @@ def cache_rows(request: Request, backend, log):
     yield from _evaluate([cap], request, backend, cap.model, cap.step_length(0), log)
 
 
-def _prompts(loaded, request: Request, length: int):
+def _prompts(loaded, request: Request, length: int) -> list[prompts.Prompt]:
     if loaded.tokenizer is None:  # random weights: random tokens, no answer to check
-        return [prompts.random_tokens(loaded.model.config.vocab_size, length, request.seed)]
+        vocab = loaded.model.config.vocab_size
+        return [prompts.random_tokens(vocab, length, request.seed + i)
+                for i in range(request.prompts)]
     if request.source == "natural":
-        return [prompts.natural(loaded.tokenizer, length)]
-    return prompts.passkeys(loaded.tokenizer, length, request.depths, request.seed)
+        return prompts.natural(loaded.tokenizer, length, request.prompts)
+    return prompts.passkeys(loaded.tokenizer, length, request.prompt_depths(), request.seed)
 
 
 def _prompt_tokens(loaded, length: int, steps: int) -> int:
@@ -84,45 +101,86 @@ def _prompt_tokens(loaded, length: int, steps: int) -> int:
     return min(length, loaded.context - steps + 1)
 
 
+def chunk_size(model, tokens: int) -> int:
+    """Prompts per chunk within CHUNK_BYTES: captured k and v plus the model's cache, fp32."""
+    c = model.config
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_prompt = 4 * c.num_hidden_layers * kv_heads * tokens * head_dim * 4
+    return max(1, CHUNK_BYTES // per_prompt)
+
+
+class _Tally:
+    """Seconds spent per phase of one length, summed over its chunks."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, phase: str, started: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+
+
+def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally):
+    """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk."""
+    from questprof.fidelity.model_run import base_indexes, capture, quest_answers
+    started = time.perf_counter()
+    captured = capture(loaded, chunk, request.steps, source)
+    tally.add("capture", started)
+    started, grid = time.perf_counter(), request.grid
+    with one_thread():
+        bases = {s: base_indexes(captured, backend, s, grid.dtype, 0) for s in grid.page_sizes}
+    metrics = evaluate_batch(captured.captures, backend, grid, bases=bases)
+    tally.add("metrics", started)
+    answers = {}
+    if request.task and (chunk[0].answer or loaded.tokenizer is None):
+        started, mode = time.perf_counter(), grid.modes[0]
+        with one_thread():  # one-token decode steps are small ops, like the metrics
+            for page_size, budget, _ in [s for s in grid.settings() if s[2] == mode]:
+                answers[(page_size, budget, mode)] = quest_answers(
+                    loaded, chunk, captured, bases[page_size], budget, page_size, mode,
+                    request.dense_layers)
+        tally.add("task", started)
+    caps = captured.captures
+    return metrics, answers, [c.info for c in caps], _meta(caps[0], request, backend, source,
+                                                             source)
+
+
 def model_rows(request: Request, backend, log):
     """Captures of a real model's decode steps on passkey or natural prompts, then the task."""
-    from questprof.fidelity.model_run import capture, check_fits
+    from questprof.fidelity.model_run import check_fits
     from questprof.fidelity.models import load_model
     loaded = load_model(request.model, request.seed)
+    source = request.source if loaded.tokenizer is not None else "random-tokens"
     for length in request.lengths:
         batch = _prompts(loaded, request, _prompt_tokens(loaded, length, request.steps))
         for prompt in batch:  # fail before the first capture when any prompt is too long
             check_fits(loaded, prompt, request.steps)
-        source = request.source if loaded.tokenizer is not None else "random-tokens"
-        started, captured = time.perf_counter(), []
-        for prompt in batch:
-            captured.append(capture(loaded, prompt, request.steps, source))
-        log(f"{loaded.name} {length} tokens: captured {len(batch)} prompt(s) "
-            f"in {time.perf_counter() - started:.1f} s")
-        caps = [c.capture for c in captured]
-        yield from _evaluate(caps, request, backend, source, length, log)
-        if request.task and batch[0].answer:
-            yield from task_rows(loaded, batch, captured, request, backend, length, log)
+        size, tally = chunk_size(loaded.model, len(batch[0].ids) + request.steps), _Tally()
+        parts, answers, infos = [], {}, []
+        for i in range(0, len(batch), size):
+            metrics, got, info, meta = _chunk(loaded, batch[i:i + size], request, backend,
+                                              source, tally)
+            parts.append(metrics)
+            infos += info
+            for key, value in got.items():
+                answers.setdefault(key, []).extend(value)
+        times = ", ".join(f"{k} {v:.1f} s" for k, v in tally.seconds.items())
+        log(f"{loaded.name} {length} tokens, {len(batch)} prompt(s) in chunks of "
+            f"{min(size, len(batch))}: {times}")
+        yield from rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
+        if answers and batch[0].answer:
+            yield from task_rows(loaded, batch, infos, answers, meta, length)
 
 
-def task_rows(loaded, batch, captured, request: Request, backend, length: int, log):
-    """Passkey answered with dense attention and with Quest at every page size and budget."""
-    from questprof.fidelity.model_run import quest_answer
-    meta = _meta(captured[0].capture, request, backend, request.source, request.source)
-    dense = [bool(c.capture.info["dense_correct"]) for c in captured]
-    mode, started = request.grid.modes[0], time.perf_counter()
-    for page_size, budget, _ in [s for s in request.grid.settings() if s[2] == mode]:
-        with one_thread():  # one-token decode steps are small ops, like the metrics
-            answers = [quest_answer(loaded, p, c, backend, page_size, budget, mode,
-                                    request.dense_layers, request.grid.dtype)
-                       for p, c in zip(batch, captured)]
-        row = rows.task_row(meta, length, page_size, budget, mode, dense, [a[1] for a in answers])
+def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, length: int):
+    """Passkey rows: answered with dense attention and with Quest at every page size and budget."""
+    dense = [bool(info["dense_correct"]) for info in infos]
+    for (page_size, budget, mode), got in answers.items():
+        row = rows.task_row(meta, length, page_size, budget, mode, dense, [a[1] for a in got])
         row["passkey_keys"] = "|".join(p.answer for p in batch)
         row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a[0]).strip()
-                                                for a in answers)
+                                                for a in got)
         yield row
-    log(f"{loaded.name} {length} tokens: passkey with Quest in "
-        f"{time.perf_counter() - started:.1f} s")
 
 
 def fidelity_rows(request: Request, backend, log=lambda msg: None):
