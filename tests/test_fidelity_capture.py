@@ -116,3 +116,23 @@ def test_missing_tensor_and_missing_file_are_config_errors(tmp_path):
         load_capture(tmp_path / "broken.safetensors")
     with pytest.raises(ConfigError, match="not found"):
         load_capture(tmp_path / "absent.safetensors")
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once_and_capture_as_alone(tiny):
+    """Rows that share their first tokens (passkey prompts before the key line) go through the
+    shared-prefix prefill; each row's capture equals the prompt's alone."""
+    from questprof.fidelity.model_run import shared_prefixes
+    from questprof.fidelity.prompts import Prompt
+    rng = np.random.default_rng(8)
+    common = [int(t) for t in rng.integers(0, 97, 70)]
+    batch = [Prompt(tuple(common[:k] + [int(t) for t in rng.integers(0, 97, 70 - k)]), "", "x")
+             for k in (60, 50, 45, 1)]
+    base, shared = shared_prefixes(torch.tensor([p.ids[:-1] for p in batch]))
+    assert shared[base] == 69 and int(shared.sum()) - 69 >= 50 + 45 + 1  # the shared path
+    together = capture(tiny, batch, STEPS, "random-tokens")
+    for i, prompt in enumerate(batch):
+        alone = capture(tiny, [prompt], STEPS, "random-tokens")
+        for name in ("queries", "keys", "values"):
+            np.testing.assert_allclose(getattr(together.captures[i], name),
+                                       getattr(alone.captures[0], name), rtol=1e-4, atol=1e-5)
+        assert together.tokens[i] == alone.tokens[0]

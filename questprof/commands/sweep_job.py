@@ -17,7 +17,8 @@ from questprof.core.config import ConfigError
 from questprof.core.scenarios import configs_from_args
 
 DEFAULTS = {"scenario": "longchat-7b", "backend": "auto", "graph": True, "bytes_source": "auto",
-            "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1, "fidelity": False}
+            "e2e_budget": 2048, "e2e_page_size": 16, "gpus": 1, "fidelity": None,
+            "fidelity_model": None}
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times of the reference are context, not the product: 3 passes
 # keep the main job within minutes there (compare then says NOISY: too few passes to judge)
@@ -180,10 +181,24 @@ def _extras(scenario, configs, backend, target: Path, args: dict) -> None:
         df = pd.DataFrame(rows)
         df = df[[c for c in cols if c in df]]
         console.out.print(console.table(df, "end-to-end decode step (all layers)"))
-    if args["fidelity"] and "fidelity" not in done:
-        from questprof.commands.fidelity import fidelity_rows_for_sweep
+    if "fidelity" not in done:
+        _fidelity(scenario, configs, backend, target, args)
 
-        fidelity_rows_for_sweep(scenario, configs, backend, target)
+
+def _fidelity(scenario, configs, backend, target: Path, args: dict) -> None:
+    """The fidelity rows the sweep adds (commands.fidelity.sweep_fidelity_plan); a model that
+    cannot run here is one yellow line, and the grid's rows stay."""
+    from questprof.commands.fidelity import fidelity_rows_for_sweep, sweep_fidelity_plan
+
+    plan = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend)
+    if plan is None:
+        return
+    log = lambda msg: console.err.print(f"fidelity: {msg}", highlight=False,  # noqa: E731
+                                        markup=False)
+    try:
+        fidelity_rows_for_sweep(scenario, configs, backend, target, log=log, model=plan)
+    except ConfigError as exc:
+        console.warn(f"fidelity not added ({plan}): {exc}")
 
 
 def sweep_command(given: dict, out_dir: Path | None, resume: Path | None, argv) -> Path:

@@ -9,7 +9,7 @@ CPU). Budgets of one page size share the scores of a query; only top-K runs per 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -46,17 +46,18 @@ def flat_selection(sel: np.ndarray) -> np.ndarray:
 
 
 class _Layer:
-    """One layer of a batch: stored keys and values as [B * Hkv, L, d], queries [B, steps, Hq,
-    d], and one index per page size grown step by step."""
+    """One layer of a batch: stored keys [B, Hkv, L, d], keys and values in float64 as
+    [B * Hkv, L', d] (L' = L up to a whole page of the largest size, zeros after L), queries
+    [B, steps, Hq, d], and one index per page size grown step by step."""
 
     def __init__(self, caps: list[Capture], layer: int, backend, grid: FidelityGrid,
                  bases: dict | None) -> None:
         keys = stored(np.stack([c.keys[layer] for c in caps]), grid.dtype)   # [B, Hkv, L, d]
         self.batch, kv_heads, length, d = keys.shape
         self.keys = keys
-        self.flat_keys = keys.reshape(-1, length, d)
-        self.flat_values = stored(np.stack([c.values[layer] for c in caps]),
-                                  grid.dtype).reshape(-1, length, d)
+        self.flat_keys = _float64(keys, max(grid.page_sizes))
+        self.flat_values = _float64(stored(np.stack([c.values[layer] for c in caps]),
+                                           grid.dtype), max(grid.page_sizes))
         self.queries = stored(np.stack([c.queries[layer] for c in caps]), grid.dtype)
         first = caps[0].step_length(0)
         if bases is None:
@@ -67,6 +68,51 @@ class _Layer:
             for index in self.indexes.values():
                 index.append(keys[:, :, index.length:first])
         self.first_masks: dict = {}
+        self._values = None
+
+    def values(self, like):
+        """flat_values as the metrics' array type and device (converted once per layer)."""
+        if self._values is None:
+            self._values = (torch.as_tensor(self.flat_values, device=like.device)
+                            if hasattr(like, "device") else self.flat_values)
+        return self._values
+
+
+def _float64(x: np.ndarray, page: int) -> np.ndarray:
+    """[B, H, L, d] as float64 [B * H, L', d], zeros after L up to a whole page: dense attention
+    reads slices of it in place, and page sums of a partial tail page need no copy to pad."""
+    batch, heads, length, d = x.shape
+    out = np.zeros((batch * heads, -(-length // page) * page, d))
+    out[:, :length] = x.reshape(batch * heads, length, d)
+    return out
+
+
+def _padded(x, width: int, fill: float):
+    """[H, n] -> [H, width], `fill` after n (torch or NumPy, as the metrics give it)."""
+    if hasattr(x, "new_full"):
+        out = x.new_full((x.shape[0], width), fill)
+    else:
+        out = np.full((x.shape[0], width), fill, dtype=x.dtype)
+    out[:, : x.shape[1]] = x
+    return out
+
+
+def _page_stats(state: _Layer, dense, n: int) -> dict:
+    """{S: page_stats of the n tokens' dense attention at page size S}. Weights and logits are
+    padded (0, -inf) to the layer's whole buffer, whose values are contiguous and zero after the
+    capture: paging needs no copy of the values and the weighted-value matmul runs on
+    contiguous batches (a strided view of them ran 2x slower than copying), and the few pages
+    after n (at most the decode steps and one page) are cut off again."""
+    width = state.flat_values.shape[1]
+    padded = replace(dense, qk=_padded(dense.qk, width, -np.inf),
+                     weights=_padded(dense.weights, width, 0.0),
+                     values=state.values(dense.values))
+    out = {}
+    for s in state.indexes:
+        stats, pages = page_stats(padded, s), -(-n // s)
+        out[s] = replace(stats, mass=stats.mass[:, :pages], max_qk=stats.max_qk[:, :pages],
+                         weighted_v=stats.weighted_v[:, :pages])
+    return out
 
 
 def _step(state: _Layer, s: int, q, stats, grid: FidelityGrid, out, at) -> None:
@@ -75,10 +121,12 @@ def _step(state: _Layer, s: int, q, stats, grid: FidelityGrid, out, at) -> None:
     heads = q.shape[0] * q.shape[1]
     per_head = index.scores(q, "per-head")
     bound = index.to_host(per_head).transpose(1, 0, 2).reshape(heads, -1)   # [B * Hq, P]
+    budgets = [b for b in grid.budgets if b % s == 0]
     for mode in grid.modes:
         scores = per_head if mode == "per-head" else index.scores(q, mode)
-        for budget in (b for b in grid.budgets if b % s == 0):
-            sel, count = index.select(scores, budget // s)
+        chosen = index.select_many(scores, [b // s for b in budgets])
+        for budget in budgets:
+            sel, count = chosen[budget // s]
             mask = selection_mask(flat_selection(sel), count, heads, index.pages)
             first = state.first_masks.setdefault((s, budget, mode), mask)
             values = head_metrics(stats, mask, bound, stale_mask(first, index.pages))
@@ -96,10 +144,11 @@ def evaluate_layer(caps: list[Capture], layer: int, backend, grid: FidelityGrid,
         q = state.queries[:, step]                                            # [B, Hq, d]
         dense = dense_attention(q.reshape(-1, q.shape[-1]), state.flat_keys[:, :n],
                                 state.flat_values[:, :n], caps[0].scaling)
+        stats = _page_stats(state, dense, n)
         for s, index in state.indexes.items():
             if step:
                 index.append(state.keys[:, :, n - 1:n])
-            _step(state, s, q, page_stats(dense, s), grid, out, (layer, step))
+            _step(state, s, q, stats[s], grid, out, (layer, step))
 
 
 @contextmanager

@@ -29,11 +29,14 @@ class HostIndex:
         self.batch, kv_heads, length, d = keys.shape
         self.page_size, self.dtype = page_size, dtype
         room = pages_for(capacity, page_size)
-        self.lo = np.full((self.batch, kv_heads, room, d), np.nan)  # float64 min per page
-        self.hi = np.full((self.batch, kv_heads, room, d), np.nan)
+        # float64 min and max per page, [B, Hkv, d, pages]: the bound's matmul reads a slice
+        # of pages in place
+        self.lo = np.full((self.batch, kv_heads, d, room), np.nan)
+        self.hi = np.full((self.batch, kv_heads, d, room), np.nan)
         full = length // page_size
         paged = keys[:, :, :full * page_size].reshape(self.batch, kv_heads, full, page_size, d)
-        self.lo[:, :, :full], self.hi[:, :, :full] = paged.min(axis=3), paged.max(axis=3)
+        self.lo[..., :full] = paged.min(axis=3).transpose(0, 1, 3, 2)
+        self.hi[..., :full] = paged.max(axis=3).transpose(0, 1, 3, 2)
         self.length = full * page_size
         if length > self.length:
             self.append(keys[:, :, self.length:])
@@ -45,10 +48,10 @@ class HostIndex:
             page, slot = divmod(self.length, self.page_size)
             new = keys[:, :, i]
             if slot == 0:
-                self.lo[:, :, page], self.hi[:, :, page] = new, new
+                self.lo[..., page], self.hi[..., page] = new, new
             else:
-                self.lo[:, :, page] = np.minimum(self.lo[:, :, page], new)
-                self.hi[:, :, page] = np.maximum(self.hi[:, :, page], new)
+                self.lo[..., page] = np.minimum(self.lo[..., page], new)
+                self.hi[..., page] = np.maximum(self.hi[..., page], new)
             self.length += 1
 
     def copy(self) -> "HostIndex":
@@ -69,9 +72,8 @@ class HostIndex:
         batch, q_heads, d = q.shape
         kv_heads, pages = self.lo.shape[1], self.pages
         q = q.reshape(batch, kv_heads, q_heads // kv_heads, d)
-        lo, hi = self.lo[:, :, :pages], self.hi[:, :, :pages]
-        u = (np.matmul(np.maximum(q, 0.0), hi.transpose(0, 1, 3, 2))
-             + np.matmul(np.minimum(q, 0.0), lo.transpose(0, 1, 3, 2)))  # [B, Hkv, g, P]
+        u = (np.matmul(np.maximum(q, 0.0), self.hi[..., :pages])
+             + np.matmul(np.minimum(q, 0.0), self.lo[..., :pages]))  # [B, Hkv, g, P]
         if mode == "shared-max":
             u = u.max(axis=2, keepdims=True)
         elif mode == "shared-mean":
@@ -88,15 +90,28 @@ class HostIndex:
         """(page positions [Hs, B, K] ascending, -1 padded; count): top-K, tail page in."""
         return topk(self.to_host(scores), k_pages)
 
+    def select_many(self, scores, ks) -> dict:
+        """{K: select(scores, K)} for several budgets, from one ordering of the pages."""
+        order = _order(self.to_host(scores))
+        return {k: _take(order, k) for k in ks}
+
+
+def _order(scores: np.ndarray) -> np.ndarray:
+    """Pages but the tail [Hs, B, P - 1] from the highest score down, ties to the lower page."""
+    return np.argsort(-scores[:, :, :-1].astype(np.float64), axis=2, kind="stable")
+
+
+def _take(order: np.ndarray, k_pages: int) -> tuple[np.ndarray, int]:
+    """The tail page and the first K - 1 of `order`, ascending, -1 padded to K."""
+    heads, batch, rest = order.shape
+    count = min(k_pages, rest + 1)
+    sel = np.full((heads, batch, k_pages), -1, np.int32)
+    tail = np.full((heads, batch, 1), rest)
+    sel[:, :, :count] = np.sort(np.concatenate([order[:, :, : count - 1], tail], axis=2), axis=2)
+    return sel, count
+
 
 def topk(scores: np.ndarray, k_pages: int) -> tuple[np.ndarray, int]:
     """core.reference.topk (no sinks, no window) for scores [Hs, B, P] of equal-length requests:
     the tail page, then the K - 1 highest of the others (ties: lower position), ascending."""
-    heads, batch, pages = scores.shape
-    count = min(k_pages, pages)
-    sel = np.full((heads, batch, k_pages), -1, np.int32)
-    rest = -scores[:, :, : pages - 1].astype(np.float64)
-    best = np.argsort(rest, axis=2, kind="stable")[:, :, : count - 1]
-    tail = np.full((heads, batch, 1), pages - 1)
-    sel[:, :, :count] = np.sort(np.concatenate([best, tail], axis=2), axis=2)
-    return sel, count
+    return _take(_order(scores), k_pages)

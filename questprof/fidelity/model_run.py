@@ -16,7 +16,8 @@ import torch
 
 from questprof.core.config import ConfigError
 from questprof.fidelity.capture import Capture
-from questprof.fidelity.hooks import QuestHook, Recorder, active, decode, install, prefill
+from questprof.fidelity.hooks import (QuestHook, Recorder, active, decode, install, prefill,
+                                      with_room)
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
 from questprof.fidelity.select import page_index
@@ -62,7 +63,7 @@ def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -
     model = loaded.model
     install(model)
     ids = torch.tensor([p.ids[:-1] for p in batch], device=_device(model))
-    cache = prefill(model, ids)
+    cache = with_room(prefill_shared(model, ids), steps)
     recorder = Recorder(model.config.num_hidden_layers)
     with active(recorder):
         tokens = decode(model, cache, [p.ids[-1] for p in batch], steps)
@@ -75,6 +76,40 @@ def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -
         caps.append(Capture(q[i], k[i], v[i], recorder.scaling, loaded.name, source,
                             info).check())
     return Captured(caps, tokens, cache, n - 1)
+
+
+def shared_prefixes(ids: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(base row, tokens each row shares with it from the start [B]) for ids [B, n]: the base
+    is the row sharing the most tokens with the others."""
+    same = (ids[:, None, :] == ids[None, :, :]).cumprod(dim=2).sum(dim=2)   # [B, B]
+    base = int(same.sum(dim=1).argmax())
+    return base, same[base]
+
+
+SHARED_ENOUGH = 0.25  # prefill rows apart once their shared prefixes save this share of tokens
+
+
+def prefill_shared(model, ids: torch.Tensor):
+    """The cache of prompts ids [B, n] (all tokens): one prefill of [B, n] when the rows share
+    little, else the row that shares most (the base) alone, then each other row's tokens after
+    what it shares with the base, on a copy of the base's cache cut to that prefix. Passkey
+    prompts on one filler stream share their tokens before the key line: about half of them."""
+    from transformers import DynamicCache
+    base, shared = shared_prefixes(ids)
+    n = ids.shape[1]
+    if ids.shape[0] == 1 or int(shared.sum()) - n < SHARED_ENOUGH * ids.numel():
+        return prefill(model, ids)
+    first = prefill(model, ids[base:base + 1])
+    layers = [(layer.keys, layer.values) for layer in first.layers]
+    rows = []
+    for row in range(ids.shape[0]):
+        keep = min(int(shared[row]), n - 1)  # at least one token of each row goes through
+        cache = DynamicCache(ddp_cache_data=[(k[:, :, :keep], v[:, :, :keep]) for k, v in layers],
+                             config=model.config)
+        rows.append(prefill(model, ids[row:row + 1, keep:], cache) if row != base else first)
+    stacked = [(torch.cat([r.layers[i].keys for r in rows]),
+                torch.cat([r.layers[i].values for r in rows])) for i in range(len(layers))]
+    return DynamicCache(ddp_cache_data=stacked, config=model.config)
 
 
 def _crop(cache, keep: int) -> None:

@@ -5,8 +5,10 @@ filler sentences repeated to the wanted length, one line with a 5-digit key, and
 the model must generate the key. Prompts of one length have exactly the same number of tokens
 (so they run through the model as one batch) and spread their keys over depths (fractions of
 the filler before the key line) and over page offsets (the key line's first token modulo
-ALIGN, so page boundaries fall everywhere across the line). Natural text comes from CPython's
-own `pydoc_data.topics` (the help texts of the language reference), which every Python ships.
+ALIGN, so page boundaries fall in many places across the line); they share one filler stream,
+so every token before a prompt's key line is also in the others. Natural text comes from
+CPython's own `pydoc_data.topics` (the help texts of the language reference), which every
+Python ships.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from questprof.core.config import ConfigError
 
 INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
          "memorize it. I will quiz you about the important information there.\n")
-FILLER = (" The grass is green. The sky is blue. The sun is yellow. Here we go."
-          " There and back again.")
+SENTENCES = (" The grass is green.", " The sky is blue.", " The sun is yellow.", " Here we go.",
+             " There and back again.")
+FILLER = "".join(SENTENCES)
 KEY_LINE = " The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "\nWhat is the pass key? The pass key is"
 NATURAL_SOURCE = "CPython pydoc_data.topics (the language reference help texts)"
 ALIGN = 32  # the largest page size measured by default: offsets mod 32 cover 8 and 16 too
-OFFSET_STRIDE = 7  # prompt i's key starts at offset 7*i mod 32: 20 prompts, 20 offsets, odd step
+OFFSET_STRIDE = 7  # prompt i takes the (7 i mod n)-th of the n offsets a sentence start can have
 
 
 @dataclass(frozen=True)
@@ -41,9 +44,9 @@ def _ids(tokenizer, text: str, special: bool = False) -> list[int]:
     return [int(i) for i in tokenizer(text, add_special_tokens=special)["input_ids"]]
 
 
-def _cycle(unit: list[int], phase: int, count: int) -> list[int]:
-    """`count` tokens of `unit` repeated, starting at token `phase` of it."""
-    return [int(t) for t in np.resize(np.roll(np.asarray(unit), -phase), count)] if count else []
+def _cycle(unit: list[int], count: int) -> list[int]:
+    """`count` tokens of `unit` repeated."""
+    return [int(t) for t in np.resize(np.asarray(unit), count)] if count else []
 
 
 def spread_depths(count: int) -> tuple[float, ...]:
@@ -51,33 +54,70 @@ def spread_depths(count: int) -> tuple[float, ...]:
     return tuple(round((i + 0.5) / count, 4) for i in range(count))
 
 
-def passkey(tokenizer, length: int, depth: float, key: int, offset: int | None = None) -> Prompt:
-    """A passkey prompt of exactly `length` tokens, the key line at about `depth` of the filler
-    and, when `offset` is given, starting at a position = offset (mod ALIGN). The filler before
-    the key ends at a sentence (its first sentence may start midway)."""
-    head, unit = _ids(tokenizer, INTRO, special=True), _ids(tokenizer, FILLER)
-    key_ids, question = _ids(tokenizer, KEY_LINE.format(key=key)), _ids(tokenizer, QUESTION)
-    fill = length - len(head) - len(key_ids) - len(question)
-    if fill < 1:
-        raise ConfigError(f"a passkey prompt needs more than {length - fill} tokens; "
-                          f"{length} asked")
-    start = len(head) + int(round(depth * fill))
-    if offset is not None:
-        start += (offset - start) % ALIGN
-        start -= ALIGN if start - len(head) > fill else 0
-    before = min(max(start - len(head), 0), fill)
-    ids = (head + _cycle(unit, (-before) % len(unit), before) + key_ids
-           + _cycle(unit, 0, fill - before) + question)
-    where = len(head) + before
-    return Prompt(tuple(ids), str(key), f"passkey depth {before / fill:.2f} at token {where} "
-                                        f"(offset {where % ALIGN}) key {key}")
+class Passkeys:
+    """Passkey prompts of exactly `length` tokens on one filler stream (so prompts share every
+    token before their key line, and a model prefills that prefix once): the instruction, the
+    filler, the key line at the start of a filler sentence, the rest of the filler, the question.
+    """
+
+    def __init__(self, tokenizer, length: int) -> None:
+        self.tokenizer, self.length = tokenizer, length
+        self.head = _ids(tokenizer, INTRO, special=True)
+        pieces = [_ids(tokenizer, x) for x in SENTENCES]
+        self.unit = _ids(tokenizer, FILLER)
+        same = sum(pieces, []) == self.unit  # a tokenizer that merges across sentences: unit only
+        self.starts = np.cumsum([0] + [len(p) for p in pieces[:-1]]) if same else np.zeros(1, int)
+        self.question = _ids(tokenizer, QUESTION)
+
+    def _fill(self, key_ids: list[int]) -> int:
+        fill = self.length - len(self.head) - len(key_ids) - len(self.question)
+        if fill < 1:
+            raise ConfigError(f"a passkey prompt needs more than {self.length - fill} tokens; "
+                              f"{self.length} asked")
+        return fill
+
+    def positions(self, fill: int) -> np.ndarray:
+        """Sentence starts within a filler of `fill` tokens (where a key line may go)."""
+        units = np.arange(fill // len(self.unit) + 1)[:, None] * len(self.unit)
+        at = (units + self.starts[None, :]).ravel()
+        return at[at <= fill]
+
+    def prompt(self, depth: float, key: int, offset: int | None = None) -> Prompt:
+        """The key line at the sentence start nearest `depth` of the filler among those whose
+        first token sits at `offset` (mod ALIGN), when any does."""
+        key_ids = _ids(self.tokenizer, KEY_LINE.format(key=key))
+        fill = self._fill(key_ids)
+        at = self.positions(fill)
+        if offset is not None and ((len(self.head) + at) % ALIGN == offset).any():
+            at = at[(len(self.head) + at) % ALIGN == offset]
+        before = int(at[np.argmin(np.abs(at - depth * fill))])
+        stream = _cycle(self.unit, fill)
+        ids = self.head + stream[:before] + key_ids + stream[before:] + self.question
+        where = len(self.head) + before
+        return Prompt(tuple(ids), str(key), f"passkey depth {before / fill:.2f} at token "
+                                            f"{where} (offset {where % ALIGN}) key {key}")
+
+    def offsets(self) -> list[int]:
+        """The offsets (mod ALIGN) a key line can start at, ascending."""
+        fill = self._fill(_ids(self.tokenizer, KEY_LINE.format(key=10000)))
+        return sorted({int(x) for x in (len(self.head) + self.positions(fill)) % ALIGN})
+
+
+def passkey(tokenizer, length: int, depth: float, key: int) -> Prompt:
+    """One passkey prompt of exactly `length` tokens, the key line near `depth` of the filler."""
+    return Passkeys(tokenizer, length).prompt(depth, key)
 
 
 def passkeys(tokenizer, length: int, depths, seed: int) -> list[Prompt]:
-    """One passkey prompt per depth, page offsets spread, keys from a seeded generator."""
+    """One passkey prompt per depth, keys from a seeded generator, the key line's first token
+    spread over the offsets (mod ALIGN) a sentence start can take (20 of 32 with SmolLM2's
+    tokens: page boundaries of 8, 16 and 32 tokens fall in many places across the line)."""
+    maker = Passkeys(tokenizer, length)
+    offsets = maker.offsets()
     rng = np.random.default_rng(seed + length)
-    return [passkey(tokenizer, length, d, int(rng.integers(10000, 100000)),
-                    (OFFSET_STRIDE * i) % ALIGN) for i, d in enumerate(depths)]
+    return [maker.prompt(d, int(rng.integers(10000, 100000)),
+                         offsets[(OFFSET_STRIDE * i) % len(offsets)])
+            for i, d in enumerate(depths)]
 
 
 def natural(tokenizer, length: int, count: int = 1) -> list[Prompt]:

@@ -111,35 +111,42 @@ def chunk_size(model, tokens: int) -> int:
 
 
 class _Tally:
-    """Seconds spent per phase of one length, summed over its chunks."""
+    """Seconds spent per phase of one length, summed over its chunks; each phase logged."""
 
-    def __init__(self) -> None:
+    def __init__(self, log, what: str) -> None:
         self.seconds: dict[str, float] = {}
+        self.log, self.what = log, what
 
     def add(self, phase: str, started: float) -> None:
-        self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - started
+        took = time.perf_counter() - started
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + took
+        self.log(f"{self.what}: {phase} {took:.1f} s")
 
 
 def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally):
-    """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk."""
+    """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk.
+
+    torch runs on one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4)
+    capturing 4 prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the
+    CPU time: the second thread waits on the other jobs); the metrics and the task are small
+    ops either way."""
     from questprof.fidelity.model_run import base_indexes, capture, quest_answers
-    started = time.perf_counter()
-    captured = capture(loaded, chunk, request.steps, source)
-    tally.add("capture", started)
-    started, grid = time.perf_counter(), request.grid
+    grid, answers = request.grid, {}
     with one_thread():
+        started = time.perf_counter()
+        captured = capture(loaded, chunk, request.steps, source)
+        tally.add("capture", started)
+        started = time.perf_counter()
         bases = {s: base_indexes(captured, backend, s, grid.dtype, 0) for s in grid.page_sizes}
-    metrics = evaluate_batch(captured.captures, backend, grid, bases=bases)
-    tally.add("metrics", started)
-    answers = {}
-    if request.task and (chunk[0].answer or loaded.tokenizer is None):
-        started, mode = time.perf_counter(), grid.modes[0]
-        with one_thread():  # one-token decode steps are small ops, like the metrics
+        metrics = evaluate_batch(captured.captures, backend, grid, bases=bases)
+        tally.add("metrics", started)
+        if request.task and (chunk[0].answer or loaded.tokenizer is None):
+            started, mode = time.perf_counter(), grid.modes[0]
             for page_size, budget, _ in [s for s in grid.settings() if s[2] == mode]:
                 answers[(page_size, budget, mode)] = quest_answers(
                     loaded, chunk, captured, bases[page_size], budget, page_size, mode,
                     request.dense_layers)
-        tally.add("task", started)
+            tally.add("task", started)
     caps = captured.captures
     return metrics, answers, [c.info for c in caps], _meta(caps[0], request, backend, source,
                                                              source)
@@ -155,7 +162,8 @@ def model_rows(request: Request, backend, log):
         batch = _prompts(loaded, request, _prompt_tokens(loaded, length, request.steps))
         for prompt in batch:  # fail before the first capture when any prompt is too long
             check_fits(loaded, prompt, request.steps)
-        size, tally = chunk_size(loaded.model, len(batch[0].ids) + request.steps), _Tally()
+        size = chunk_size(loaded.model, len(batch[0].ids) + request.steps)
+        tally = _Tally(log, f"{loaded.name} {length} tokens")
         parts, answers, infos = [], {}, []
         for i in range(0, len(batch), size):
             metrics, got, info, meta = _chunk(loaded, batch[i:i + size], request, backend,
@@ -166,7 +174,7 @@ def model_rows(request: Request, backend, log):
                 answers.setdefault(key, []).extend(value)
         times = ", ".join(f"{k} {v:.1f} s" for k, v in tally.seconds.items())
         log(f"{loaded.name} {length} tokens, {len(batch)} prompt(s) in chunks of "
-            f"{min(size, len(batch))}: {times}")
+            f"{min(size, len(batch))}: {times} in all")
         yield from rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
         if answers and batch[0].answer:
             yield from task_rows(loaded, batch, infos, answers, meta, length)

@@ -27,6 +27,8 @@ from questprof.core.layout import PagedKV, append_plan, from_storage, pages_for,
 
 def stored(x, dtype: str) -> np.ndarray:
     """Values as the cache stores them (rounded to `dtype`), as float32."""
+    if dtype == "fp32":
+        return np.asarray(x, dtype=np.float32)
     rounded = to_storage(np.asarray(x, dtype=np.float32), dtype)
     return from_storage(rounded, dtype).astype(np.float32)
 
@@ -116,6 +118,10 @@ class PageIndex:
         """(page positions [Hs, B, K] ascending, count): the backend's top-K, tail page in."""
         sel, count = self.backend.topk(scores, self.kv, k_pages)
         return self.backend.to_host(sel), int(self.backend.to_host(count)[0])
+
+    def select_many(self, scores, ks) -> dict:
+        """{K: select(scores, K)} for several budgets of the same scores."""
+        return {k: self.select(scores, k) for k in ks}
 
 
 def _built_groups(backend) -> tuple[int, ...] | range:
