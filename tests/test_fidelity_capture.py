@@ -11,7 +11,7 @@ from questprof.backends import get_backend  # noqa: E402
 from questprof.core.config import ConfigError  # noqa: E402
 from questprof.fidelity.capture import Capture, load_capture, save_capture  # noqa: E402
 from questprof.fidelity.metrics import dense_attention  # noqa: E402
-from questprof.fidelity.model_run import base_indexes, capture, quest_answers  # noqa: E402
+from questprof.fidelity.model_run import base_indexes, capture, task_answers  # noqa: E402
 from questprof.fidelity.models import LoadedModel  # noqa: E402
 from questprof.fidelity.prompts import random_tokens  # noqa: E402
 
@@ -61,7 +61,7 @@ def test_hooked_q_k_reproduce_the_models_attention(tiny):
 
 def _answers(tiny, batch, got, page_size, budget, mode, dense_layers=0):
     base = base_indexes(got, get_backend("numpy"), page_size, "fp32", dense_layers)
-    return quest_answers(tiny, batch, got, base, budget, page_size, mode, dense_layers)
+    return task_answers(tiny, batch, got, base, [budget], page_size, mode, dense_layers)[budget]
 
 
 def test_quest_over_every_page_answers_like_dense(tiny):
@@ -136,3 +136,16 @@ def test_prompts_sharing_a_prefix_prefill_it_once_and_capture_as_alone(tiny):
             np.testing.assert_allclose(getattr(together.captures[i], name),
                                        getattr(alone.captures[0], name), rtol=1e-4, atol=1e-5)
         assert together.tokens[i] == alone.tokens[0]
+
+
+def test_budgets_decoded_together_answer_as_each_alone(tiny):
+    """Every budget of a page size decodes in one batch over the shared prefix; each answers as
+    it does alone, and a budget covering every page answers as dense attention."""
+    batch = [random_tokens(97, 53, seed=s) for s in (9, 10, 11)]
+    got = capture(tiny, batch, STEPS, "random-tokens")
+    base = base_indexes(got, get_backend("numpy"), 8, "fp32", 1)
+    together = task_answers(tiny, batch, got, base, [8, 16, 64], 8, "shared-max", 1)
+    for budget in (8, 16, 64):
+        alone = task_answers(tiny, batch, got, base, [budget], 8, "shared-max", 1)[budget]
+        assert [a[0] for a in together[budget]] == [a[0] for a in alone]
+    assert [a[0] for a in together[64]] == got.tokens

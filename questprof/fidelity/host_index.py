@@ -61,6 +61,13 @@ class HostIndex:
         twin.lo, twin.hi = self.lo.copy(), self.hi.copy()
         return twin
 
+    def tiled(self, copies: int) -> "HostIndex":
+        """An index of `copies` x the requests (request = copy * B + b), each growing apart."""
+        twin = self.copy()
+        twin.lo, twin.hi = np.tile(self.lo, (copies, 1, 1, 1)), np.tile(self.hi, (copies, 1, 1, 1))
+        twin.batch = copies * self.batch
+        return twin
+
     @property
     def pages(self) -> int:
         return pages_for(self.length, self.page_size)

@@ -16,8 +16,7 @@ import torch
 
 from questprof.core.config import ConfigError
 from questprof.fidelity.capture import Capture
-from questprof.fidelity.hooks import (QuestHook, Recorder, active, decode, install, prefill,
-                                      with_room)
+from questprof.fidelity.hooks import Recorder, active, decode, install, prefill, with_room
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
 from questprof.fidelity.select import page_index
@@ -112,14 +111,6 @@ def prefill_shared(model, ids: torch.Tensor):
     return DynamicCache(ddp_cache_data=stacked, config=model.config)
 
 
-def _crop(cache, keep: int) -> None:
-    """Drop the decoded tokens from the cache: keep the first `keep` (transformers 5 crops by
-    a negative count of tokens to remove; a positive argument raises)."""
-    extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)
-
-
 def base_indexes(captured: Captured, backend, page_size: int, dtype: str,
                  dense_layers: int) -> dict:
     """{layer: index of the prefilled keys [B, Hkv, prefix, d]} for layers >= dense_layers."""
@@ -136,14 +127,19 @@ def _stack_keys(caps: list[Capture], layer: int, tokens: int):
 
 
 @torch.inference_mode()
-def quest_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, base: dict,
-                  budget: int, page_size: int, mode: str,
-                  dense_layers: int) -> list[tuple[list[int], bool | None]]:
-    """Greedy answers with Quest attention in layers >= dense_layers: (tokens, correct) per
-    prompt. base: base_indexes at this page size."""
-    steps = captured.captures[0].steps
-    _crop(captured.cache, captured.prefix)
-    hook = QuestHook(base, budget // page_size, mode, dense_layers)
+def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, base: dict,
+                 budgets: list[int], page_size: int, mode: str,
+                 dense_layers: int) -> dict[int, list[tuple[list[int], bool | None]]]:
+    """{budget: (tokens, correct) per prompt}: greedy answers with Quest attention in layers >=
+    dense_layers, every budget of `page_size` in one decode (task.py). base: base_indexes at
+    this page size."""
+    from questprof.fidelity.task import SettingsHook, shared_cache
+    steps, prompts, copies = captured.captures[0].steps, len(batch), len(budgets)
+    cache = shared_cache(captured.cache, prompts, copies, captured.prefix, steps)
+    indexes = {layer: index.tiled(copies) for layer, index in base.items()
+               if layer >= dense_layers}
+    hook = SettingsHook(cache, indexes, [b // page_size for b in budgets], mode, dense_layers)
     with active(hook):
-        tokens = decode(loaded.model, captured.cache, [p.ids[-1] for p in batch], steps)
-    return [(t, answered(loaded.tokenizer, p, t)) for p, t in zip(batch, tokens)]
+        tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * copies, steps)
+    return {b: [(tokens[i * prompts + j], answered(loaded.tokenizer, p, tokens[i * prompts + j]))
+                for j, p in enumerate(batch)] for i, b in enumerate(budgets)}

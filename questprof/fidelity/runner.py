@@ -130,7 +130,7 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
     capturing 4 prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the
     CPU time: the second thread waits on the other jobs); the metrics and the task are small
     ops either way."""
-    from questprof.fidelity.model_run import base_indexes, capture, quest_answers
+    from questprof.fidelity.model_run import base_indexes, capture, task_answers
     grid, answers = request.grid, {}
     with one_thread():
         started = time.perf_counter()
@@ -142,10 +142,11 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
         tally.add("metrics", started)
         if request.task and (chunk[0].answer or loaded.tokenizer is None):
             started, mode = time.perf_counter(), grid.modes[0]
-            for page_size, budget, _ in [s for s in grid.settings() if s[2] == mode]:
-                answers[(page_size, budget, mode)] = quest_answers(
-                    loaded, chunk, captured, bases[page_size], budget, page_size, mode,
-                    request.dense_layers)
+            for size in grid.page_sizes:  # every budget of a page size in one decode
+                budgets = [b for s, b, m in grid.settings() if s == size and m == mode]
+                got = task_answers(loaded, chunk, captured, bases[size], budgets, size, mode,
+                                   request.dense_layers)
+                answers.update({(size, b, mode): got[b] for b in budgets})
             tally.add("task", started)
     caps = captured.captures
     return metrics, answers, [c.info for c in caps], _meta(caps[0], request, backend, source,

@@ -98,6 +98,14 @@ class PageIndex:
         twin.kv.summary = self.kv.summary.copy()
         return twin
 
+    def tiled(self, copies: int) -> "PageIndex":
+        """An index of `copies` x the requests (request = copy * B + b), rebuilt from the pool."""
+        pool = from_storage(self.backend.to_host(self.kv.k), self.dtype)  # [B * room, Hkv, S, d]
+        _, kv_heads, size, d = pool.shape
+        keys = pool.reshape(self.batch, self.room * size, kv_heads, d)[:, : self.length]
+        keys = np.tile(keys.transpose(0, 2, 1, 3), (copies, 1, 1, 1))
+        return PageIndex(self.backend, keys, size, self.dtype, self.room * size)
+
     @property
     def pages(self) -> int:
         return pages_for(self.length, self.page_size)
