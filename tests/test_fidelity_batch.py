@@ -76,3 +76,22 @@ def test_starting_from_the_prefilled_summaries_changes_nothing():
     for key in GRID.settings():
         np.testing.assert_array_equal(shared[key], fresh[key])
     assert bases[8][0].length == first - 1  # the metrics grew copies, not the bases
+
+
+def test_prompts_in_chunks_give_the_rows_of_one_batch(monkeypatch):
+    """A host too small for every prompt at once runs them in chunks: same rows."""
+    pytest.importorskip("transformers")
+    from questprof.fidelity import runner
+    request = runner.Request("passkey", FidelityGrid((16,), (64, 128)), (300,), steps=2,
+                             model="random:smoke", prompts=3, dense_layers=0)
+    backend = get_backend("numpy")
+    whole = list(runner.fidelity_rows(request, backend))
+    monkeypatch.setattr(runner, "CHUNK_SHARE", 1e-9)  # one prompt per chunk
+    chunked = list(runner.fidelity_rows(request, backend))
+    assert len(whole) == len(chunked)
+    for a, b in zip(whole, chunked):
+        assert (a["layer"], a["head"], a["step"], a["budget"]) == \
+            (b["layer"], b["head"], b["step"], b["budget"])
+        assert a["mass_recall"] == pytest.approx(b["mass_recall"], abs=2e-4)
+    setting = [r for r in whole if r["layer"] is None and r["step"] is None]
+    assert len(setting) == 2 and {r["samples"] for r in setting} == {3}

@@ -68,14 +68,15 @@ class _Layer:
             for index in self.indexes.values():
                 index.append(keys[:, :, index.length:first])
         self.first_masks: dict = {}
-        self._values = None
+        self.converted = False
 
-    def values(self, like):
-        """flat_values as the metrics' array type and device (converted once per layer)."""
-        if self._values is None:
-            self._values = (torch.as_tensor(self.flat_values, device=like.device)
-                            if hasattr(like, "device") else self.flat_values)
-        return self._values
+    def convert(self, like) -> None:
+        """Keys and values as the metrics' array type on their device, once per layer (a GPU
+        then reads them in place instead of receiving them again at every step)."""
+        if not self.converted and hasattr(like, "device"):
+            self.flat_keys, self.flat_values = (torch.as_tensor(x, device=like.device)
+                                                for x in (self.flat_keys, self.flat_values))
+        self.converted = True
 
 
 def _float64(x: np.ndarray, page: int) -> np.ndarray:
@@ -106,7 +107,7 @@ def _page_stats(state: _Layer, dense, n: int) -> dict:
     width = state.flat_values.shape[1]
     padded = replace(dense, qk=_padded(dense.qk, width, -np.inf),
                      weights=_padded(dense.weights, width, 0.0),
-                     values=state.values(dense.values))
+                     values=state.flat_values)
     out = {}
     for s in state.indexes:
         stats, pages = page_stats(padded, s), -(-n // s)
@@ -144,6 +145,7 @@ def evaluate_layer(caps: list[Capture], layer: int, backend, grid: FidelityGrid,
         q = state.queries[:, step]                                            # [B, Hq, d]
         dense = dense_attention(q.reshape(-1, q.shape[-1]), state.flat_keys[:, :n],
                                 state.flat_values[:, :n], caps[0].scaling)
+        state.convert(dense.values)
         stats = _page_stats(state, dense, n)
         for s, index in state.indexes.items():
             if step:

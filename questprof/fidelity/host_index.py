@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from questprof.core.layout import pages_for
+from questprof.core.layout import from_storage, pages_for, to_storage
 from questprof.core.stages import check_mode
 
 
-def _stored(x, dtype: str) -> np.ndarray:
-    from questprof.fidelity.select import stored
-    return stored(x, dtype)
+def stored(x, dtype: str) -> np.ndarray:
+    """Values as the cache stores them (rounded to `dtype`), as float32."""
+    if dtype == "fp32":
+        return np.asarray(x, dtype=np.float32)
+    return from_storage(to_storage(np.asarray(x, dtype=np.float32), dtype), dtype).astype(
+        np.float32)
+
+
+
 
 
 class HostIndex:
     """B requests' page summaries of keys [B, Hkv, L, d], growable to `capacity` tokens each."""
 
     def __init__(self, keys, page_size: int, dtype: str, capacity: int) -> None:
-        keys = _stored(keys, dtype)
+        keys = stored(keys, dtype)
         self.batch, kv_heads, length, d = keys.shape
         self.page_size, self.dtype = page_size, dtype
         room = pages_for(capacity, page_size)
@@ -43,7 +49,7 @@ class HostIndex:
 
     def append(self, keys) -> None:
         """New keys [B, Hkv, n, d] after the current length: their pages' min and max."""
-        keys = _stored(keys, self.dtype).astype(np.float64)
+        keys = stored(keys, self.dtype).astype(np.float64)
         for i in range(keys.shape[2]):
             page, slot = divmod(self.length, self.page_size)
             new = keys[:, :, i]
@@ -75,7 +81,7 @@ class HostIndex:
     def scores(self, q, mode: str) -> np.ndarray:
         """U_p(q) [Hs, B * P] float32 for q [B, Hq, d] (Hs = Hq per-head, else Hkv)."""
         check_mode(mode)
-        q = _stored(q, self.dtype).astype(np.float64)
+        q = stored(q, self.dtype).astype(np.float64)
         batch, q_heads, d = q.shape
         kv_heads, pages = self.lo.shape[1], self.pages
         q = q.reshape(batch, kv_heads, q_heads // kv_heads, d)

@@ -14,9 +14,10 @@ from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
 
 SOURCES = ("synthetic", "passkey", "natural", "cache")
 PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
-# Host bytes one chunk of prompts may hold (captured keys and values, the model's cache):
-# 20 SmolLM2 prompts of 2K tokens take 1.9 GB, of 8K 7.6 GB (so 8K runs in chunks of 8)
-CHUNK_BYTES = 6 << 30
+# Share of the host's memory one chunk of prompts may hold (captured keys and values, the
+# model's cache, fp32): 20 SmolLM2 prompts of 2K tokens take 3.8 GB, of 8K 15 GB (one chunk
+# on a 128 GiB GPU host; chunks of 7 on the 23 GiB CPU machine)
+CHUNK_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,16 @@ def _prompt_tokens(loaded, length: int, steps: int) -> int:
     return min(length, loaded.context - steps + 1)
 
 
-def chunk_size(model, tokens: int) -> int:
-    """Prompts per chunk within CHUNK_BYTES: captured k and v plus the model's cache, fp32."""
+def chunk_size(model, tokens: int, memory: int | None = None) -> int:
+    """Prompts per chunk within CHUNK_SHARE of the host's memory (`memory` bytes, default this
+    host's): captured k and v plus the model's cache, fp32."""
+    import os
     c = model.config
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     per_prompt = 4 * c.num_hidden_layers * kv_heads * tokens * head_dim * 4
-    return max(1, CHUNK_BYTES // per_prompt)
+    memory = memory or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, int(CHUNK_SHARE * memory) // per_prompt)
 
 
 class _Tally:

@@ -23,20 +23,14 @@ import copy
 import numpy as np
 
 from questprof.core.layout import PagedKV, append_plan, from_storage, pages_for, to_storage
+from questprof.fidelity.host_index import HostIndex, stored
 
-
-def stored(x, dtype: str) -> np.ndarray:
-    """Values as the cache stores them (rounded to `dtype`), as float32."""
-    if dtype == "fp32":
-        return np.asarray(x, dtype=np.float32)
-    rounded = to_storage(np.asarray(x, dtype=np.float32), dtype)
-    return from_storage(rounded, dtype).astype(np.float32)
+__all__ = ["HostIndex", "PageIndex", "page_index", "stored"]
 
 
 def page_index(backend, keys, page_size: int, dtype: str, capacity: int):
     """The index of keys [B, Hkv, L, d] for `backend` (see the module docstring)."""
     if not backend.is_gpu:
-        from questprof.fidelity.host_index import HostIndex
         return HostIndex(keys, page_size, dtype, capacity)
     return PageIndex(backend, keys, page_size, dtype, capacity)
 
@@ -84,10 +78,11 @@ class PageIndex:
     def append(self, keys) -> None:
         """Write new keys [B, Hkv, n, d] after the current length and update their summaries."""
         keys = to_storage(np.asarray(keys, dtype=np.float32), self.dtype)
-        base = np.arange(self.batch) * self.room
+        base = np.arange(self.batch, dtype=np.int32) * self.room
         for i in range(keys.shape[2]):
             page, slot = divmod(self.length + i, self.page_size)
-            self.kv.k[base + page, :, slot, :] = self.backend.asarray(keys[:, :, i, :])
+            rows = self.backend.asarray(base + page)
+            self.kv.k[rows, :, slot, :] = self.backend.asarray(keys[:, :, i, :])
         self._grow(keys.shape[2])
 
     def copy(self) -> "PageIndex":
