@@ -24,9 +24,6 @@ def stored(x, dtype: str) -> np.ndarray:
         np.float32)
 
 
-
-
-
 class HostIndex:
     """B requests' page summaries of keys [B, Hkv, L, d], growable to `capacity` tokens each."""
 
