@@ -49,10 +49,16 @@ def _fmt(table_: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(df: pd.DataFrame, floor: float) -> str:
-    """The per-setting table: means over the sparse layers' heads, p10, highlighted >= floor."""
-    s = ff.summary(df)
-    numeric = {"mr", "mr10", "om", "t10", "pr", "err", "slack"}
-    return table(_fmt(s), NOTE_COLUMNS, "fidelity-table", numeric=numeric,
+    """The per-setting table: means over the sparse layers' heads, p10 with its 95% interval
+    where recorded, highlighted >= floor."""
+    s = ff.summary(df).merge(recommend.intervals(df), on=ff.SETTING, how="left")
+    s["ci"] = [("–" if pd.isna(lo) else f"{lo:.3f}-{hi:.3f}")
+               for lo, hi in zip(s["mass_recall_p10_lo"], s["mass_recall_p10_hi"])]
+    columns = {**NOTE_COLUMNS}
+    columns = dict(list(columns.items())[:7] + [("ci", "p10 95% interval")]
+                   + list(columns.items())[7:])
+    numeric = {"mr", "mr10", "ci", "om", "t10", "pr", "err", "slack"}
+    return table(_fmt(s), columns, "fidelity-table", numeric=numeric,
                  best=s["mass_recall_p10"] >= floor)
 
 
@@ -131,7 +137,7 @@ def frontier_section(df: pd.DataFrame, meta: dict) -> str:
 
 
 def _frontier_table(t: pd.DataFrame, floor: float, pick: dict | None) -> str:
-    t = t.sort_values("speedup", ascending=False)
+    t = t.dropna(subset=["speedup"]).sort_values("speedup", ascending=False)
     shown = t.assign(budget_t=t["budget"].map(fmt_tokens), sp=t["speedup"].map(fmt_x),
                      at=t["speed_length"].map(fmt_tokens),
                      fid=t["fidelity_length"].map(fmt_tokens),
@@ -182,11 +188,12 @@ def _html(line: str) -> str:
 
 
 def glance(df: pd.DataFrame, meta: dict) -> str:
-    """One paragraph of glance_lines (empty when there is nothing to say)."""
+    """glance_lines as a list, one sentence an item (empty when there is nothing to say)."""
     lines = glance_lines(df, meta)
     if not lines:
         return ""
-    return "<p class=\"recommend\">" + " ".join(_html(line) for line in lines) + "</p>"
+    items = "".join(f"<li>{_html(line)}</li>" for line in lines)
+    return f"<ul class=\"recommend\">{items}</ul>"
 
 
 SECTIONS = (("fidelity", "9. Fidelity"), ("frontier", "10. Speed against fidelity"))
