@@ -90,3 +90,22 @@ def test_cupy_index_selects_like_the_host_index(gpu, q_heads):
             got, want = a.select_many(ours, (1, 3, 6)), b.select_many(b.scores(q, mode), (1, 3, 6))
             for k in (1, 3, 6):
                 np.testing.assert_array_equal(got[k][0], want[k][0])
+
+
+def test_copies_for_the_task_select_like_the_reference():
+    """tiled(k): k copies of every request, each growing apart (the task's rows)."""
+    rng = np.random.default_rng(6)
+    keys = _keys(rng, length=40)
+    host = HostIndex(keys, 8, "fp32", 50).tiled(3)
+    ref = PageIndex(get_backend("numpy"), keys, 8, "fp32", 50).tiled(3)
+    assert host.batch == ref.batch == 9
+    for _ in range(2):
+        new = _keys(rng, batch=9, length=1)  # each copy appends its own token
+        host.append(new)
+        ref.append(new)
+    q = rng.standard_normal((9, 4, 16)).astype(np.float32)
+    for mode in ("per-head", "shared-mean"):
+        theirs = ref.scores(q, mode)
+        np.testing.assert_allclose(host.scores(q, mode), theirs, rtol=1e-6, atol=1e-5)
+        for k in (1, 3, 6):
+            np.testing.assert_array_equal(host.select(theirs, k)[0], ref.select(theirs, k)[0])

@@ -105,10 +105,14 @@ def _torch_gpu() -> bool:
 
 def announce(scenario, configs, backend, args: dict) -> None:
     """Say what is about to run and about how long it will take (a default grid is large)."""
+    from questprof.commands.fidelity import sweep_fidelity_plan
+
     minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
+    fidelity = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend)
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']})", highlight=False)
+                      f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']}, fidelity: "
+                      f"{fidelity or 'none'})", highlight=False, markup=False)
 
 
 def _options(args: dict, backend, source):

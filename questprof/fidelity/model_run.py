@@ -80,7 +80,7 @@ def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -
 def shared_prefixes(ids: torch.Tensor) -> tuple[int, torch.Tensor]:
     """(base row, tokens each row shares with it from the start [B]) for ids [B, n]: the base
     is the row sharing the most tokens with the others."""
-    same = (ids[:, None, :] == ids[None, :, :]).cumprod(dim=2).sum(dim=2)   # [B, B]
+    same = (ids[:, None, :] == ids[None, :, :]).int().cumprod(dim=2).sum(dim=2)   # [B, B]
     base = int(same.sum(dim=1).argmax())
     return base, same[base]
 

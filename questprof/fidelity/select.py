@@ -22,7 +22,7 @@ import copy
 
 import numpy as np
 
-from questprof.core.layout import PagedKV, append_plan, from_storage, pages_for, to_storage
+from questprof.core.layout import PagedKV, append_plan, pages_for, to_storage
 from questprof.fidelity.host_index import HostIndex, stored
 
 __all__ = ["HostIndex", "PageIndex", "page_index", "stored"]
@@ -44,15 +44,17 @@ class PageIndex:
         batch, kv_heads, length, d = keys.shape
         self.backend, self.page_size, self.dtype = backend, page_size, dtype
         self.batch, self.room = batch, pages_for(capacity, page_size)
-        pool = np.zeros((batch, self.room * page_size, kv_heads, d), np.float32)
-        pool[:, :length] = keys.transpose(0, 2, 1, 3)
-        pool = pool.reshape(batch * self.room, page_size, kv_heads, d).transpose(0, 2, 1, 3)
-        summary = np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32)
-        k = to_storage(np.ascontiguousarray(pool), dtype)
-        host = PagedKV(k, k, to_storage(summary, dtype), np.zeros(batch + 1, np.int32),
-                       np.arange(pool.shape[0], dtype=np.int32), np.ones(batch, np.int32),
-                       (length,) * batch, page_size, dtype)
-        self.kv = backend.put(host)
+        xp = _xp(backend)  # the pool is laid out where it lives: 126 MB of keys for 20 prompts
+        stored_keys = backend.asarray(to_storage(keys, dtype))        # of 8K tokens per layer
+        pool = xp.zeros((batch, self.room * page_size, kv_heads, d), stored_keys.dtype)
+        pool[:, :length] = stored_keys.transpose(0, 2, 1, 3)
+        pool = xp.ascontiguousarray(pool.reshape(batch * self.room, page_size, kv_heads, d)
+                                    .transpose(0, 2, 1, 3))
+        summary = to_storage(np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32), dtype)
+        self.kv = backend.put(PagedKV(pool, pool, summary, np.zeros(batch + 1, np.int32),
+                                      np.arange(pool.shape[0], dtype=np.int32),
+                                      np.ones(batch, np.int32), (length,) * batch, page_size,
+                                      dtype))
         self.length = 0
         self._grow(length)
 
@@ -94,12 +96,20 @@ class PageIndex:
         return twin
 
     def tiled(self, copies: int) -> "PageIndex":
-        """An index of `copies` x the requests (request = copy * B + b), rebuilt from the pool."""
-        pool = from_storage(self.backend.to_host(self.kv.k), self.dtype)  # [B * room, Hkv, S, d]
-        _, kv_heads, size, d = pool.shape
-        keys = pool.reshape(self.batch, self.room * size, kv_heads, d)[:, : self.length]
-        keys = np.tile(keys.transpose(0, 2, 1, 3), (copies, 1, 1, 1))
-        return PageIndex(self.backend, keys, size, self.dtype, self.room * size)
+        """An index of `copies` x the requests (request = copy * B + b), each growing apart:
+        the pool and its summaries repeated where they live, the tables rebuilt."""
+        xp = _xp(self.backend)
+        twin = copy.copy(self)
+        twin.kv = copy.copy(self.kv)
+        twin.kv.k = twin.kv.v = xp.concatenate([self.kv.k] * copies)
+        twin.kv.summary = xp.concatenate([self.kv.summary] * copies)
+        twin.batch = copies * self.batch
+        indptr, indices, last = twin._tables()
+        twin.kv.kv_indptr = self.backend.asarray(indptr)
+        twin.kv.kv_indices = self.backend.asarray(indices)
+        twin.kv.last_page_len = self.backend.asarray(last)
+        twin.kv.lengths = (self.length,) * twin.batch
+        return twin
 
     @property
     def pages(self) -> int:
@@ -125,6 +135,11 @@ class PageIndex:
     def select_many(self, scores, ks) -> dict:
         """{K: select(scores, K)} for several budgets of the same scores."""
         return {k: self.select(scores, k) for k in ks}
+
+
+def _xp(backend):
+    """The array module of the backend's arrays (NumPy or CuPy)."""
+    return __import__("cupy") if backend.is_gpu else np
 
 
 def _built_groups(backend) -> tuple[int, ...] | range:
