@@ -72,7 +72,8 @@ class Recorder:
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """queries [B, layers, steps, Hq, d], keys and values [B, layers, Hkv, L, d], float32."""
         q = torch.stack([torch.stack(steps, dim=1) for steps in self.queries], dim=1)
-        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1) for xs in (self.keys, self.values))
+        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1)
+                for xs in (self.keys, self.values))
         return q.numpy(), k.numpy(), v.numpy()
 
 
