@@ -180,6 +180,7 @@ def test_the_sweeps_fidelity_plan(monkeypatch):
     monkeypatch.setattr(fid, "real_model_available", lambda: True)
     gpu, cpu = _Backend(True), _Backend(False)
     assert fid.sweep_fidelity_plan(None, None, gpu) == "smollm2"  # the GPU main job's default
+    assert fid.sweep_fidelity_plan(None, None, gpu, choices=1) is None  # nothing to rank
     assert fid.sweep_fidelity_plan(None, None, cpu) is None
     assert fid.sweep_fidelity_plan(True, None, gpu) == "synthetic"
     assert fid.sweep_fidelity_plan(False, None, gpu) is None

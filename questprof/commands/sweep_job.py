@@ -95,6 +95,11 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
     return None, {"source": None, "reason": why}
 
 
+def settings(configs) -> int:
+    """Page size, budget and mode combinations of the grid: what a recommendation chooses from."""
+    return len({(c.page_size, c.budget, c.mode) for c in configs})
+
+
 def _torch_gpu() -> bool:
     try:
         import torch
@@ -108,7 +113,8 @@ def announce(scenario, configs, backend, args: dict) -> None:
     from questprof.commands.fidelity import sweep_fidelity_plan
 
     minutes = len(configs) * SECONDS_PER_CONFIG[backend.is_gpu] / 60
-    fidelity = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend)
+    fidelity = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend,
+                                   settings(configs))
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{backend.name} backend, about {max(minutes, 0.1):.1f} min "
                       f"(bytes: {args['bytes_source']}, e2e: {args['e2e_on']}, fidelity: "
@@ -194,7 +200,8 @@ def _fidelity(scenario, configs, backend, target: Path, args: dict) -> None:
     cannot run here is one yellow line, and the grid's rows stay."""
     from questprof.commands.fidelity import fidelity_rows_for_sweep, sweep_fidelity_plan
 
-    plan = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend)
+    plan = sweep_fidelity_plan(args["fidelity"], args.get("fidelity_model"), backend,
+                               settings(configs))
     if plan is None:
         return
     log = lambda msg: console.err.print(f"fidelity: {msg}", highlight=False,  # noqa: E731
