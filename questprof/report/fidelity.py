@@ -168,8 +168,12 @@ def glance_lines(df: pd.DataFrame, meta: dict) -> list[str]:
     """The recommendation under the fidelity floor as plain sentences (what it rests on, how
     sure it is); with speed rows and no fidelity rows, that the ranking is by speed alone and
     the command that adds fidelity (meta['results_dir'] names the directory)."""
-    return (recommend.advice(df, min_recall(meta))
-            or recommend.unmeasured(df, (meta or {}).get("results_dir")))
+    meta = meta or {}
+    words = str(meta.get("command") or "").split()
+    if words[1:2] in (["bench"], ["bytes"]):  # kernels against ceilings: no setting to choose
+        return []
+    return recommend.advice(df, min_recall(meta)) or recommend.unmeasured(
+        df, meta.get("results_dir"))
 
 
 LEADS = ("Fidelity floor", "Recommended", "Not decided", "Decided", "How sure",
