@@ -95,3 +95,37 @@ def test_prompts_in_chunks_give_the_rows_of_one_batch(monkeypatch):
         assert a["mass_recall"] == pytest.approx(b["mass_recall"], abs=2e-4)
     setting = [r for r in whole if r["layer"] is None and r["step"] is None]
     assert len(setting) == 2 and {r["samples"] for r in setting} == {3}
+
+
+def test_the_gpu_index_class_gives_the_host_results(monkeypatch):
+    """PageIndex (what a GPU backend runs: the backend's own stages over one batched pool) in
+    the whole path, here on the NumPy reference backend, against the vectorised host index."""
+    transformers = pytest.importorskip("transformers")
+    from questprof.fidelity import evaluate as ev
+    from questprof.fidelity import model_run
+    from questprof.fidelity.models import LoadedModel
+    from questprof.fidelity.prompts import random_tokens
+    from questprof.fidelity.select import PageIndex
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=256)
+    tiny = LoadedModel(transformers.LlamaForCausalLM(config).eval(), None, "tiny", 256)
+    batch = [random_tokens(97, 45, seed=s) for s in (1, 2)]
+    got = model_run.capture(tiny, batch, 3, "random-tokens")
+    backend, grid = get_backend("numpy"), FidelityGrid((8,), (16, 64), ("per-head", "shared-mean"))
+
+    def run():
+        bases = {8: model_run.base_indexes(got, backend, 8, "fp32", 0)}
+        metrics = ev.evaluate_batch(got.captures, backend, grid, bases=bases)
+        answers = model_run.task_answers(tiny, batch, got, bases[8], [8, 16], 8, "per-head", 1)
+        return metrics, answers
+
+    host = run()
+    make = lambda b, keys, s, dtype, cap: PageIndex(b, keys, s, dtype, cap)  # noqa: E731
+    monkeypatch.setattr(model_run, "page_index", make)
+    monkeypatch.setattr(ev, "page_index", make)
+    pool = run()
+    for key in grid.settings():
+        np.testing.assert_allclose(pool[0][key], host[0][key], rtol=1e-9, atol=1e-12)
+    assert pool[1] == host[1]
