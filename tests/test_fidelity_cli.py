@@ -123,4 +123,4 @@ def test_fidelity_into_a_sweep_directory_draws_the_frontier(tmp_path):
     assert {"dense", "quest", "fidelity"} <= set(df["stage"])
     assert meta["scenario"] == scenario and meta["min_recall"] == 0.2
     html = (out / "report.html").read_text()
-    assert "fig-fidelity-frontier" in html and "Recommended: page 16" in html
+    assert "fig-fidelity-frontier" in html and "Recommended</b>: page 16" in html

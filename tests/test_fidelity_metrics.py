@@ -99,15 +99,15 @@ def test_drift_hurts_a_stale_selection_not_quest(numpy_backend):
 @pytest.mark.parametrize("length,extra", [(15, 1), (16, 3), (100, 17)])
 def test_page_index_appends_like_a_prefill(length, extra, numpy_backend):
     rng = np.random.default_rng(length)
-    keys = rng.standard_normal((2, length + extra, 64)).astype(np.float32)
-    grown = PageIndex(numpy_backend, keys[:, :length], 16, "fp32", length + extra)
+    keys = rng.standard_normal((1, 2, length + extra, 64)).astype(np.float32)  # one request
+    grown = PageIndex(numpy_backend, keys[:, :, :length], 16, "fp32", length + extra)
     for i in range(length, length + extra):
-        grown.append(keys[:, i:i + 1])
+        grown.append(keys[:, :, i:i + 1])
     whole = PageIndex(numpy_backend, keys, 16, "fp32", length + extra)
     pages = whole.pages
     assert grown.pages == pages
     np.testing.assert_array_equal(grown.kv.summary[:pages], whole.kv.summary[:pages])
-    q = rng.standard_normal((4, 64)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     np.testing.assert_array_equal(grown.scores(q, "per-head"), whole.scores(q, "per-head"))
 
 

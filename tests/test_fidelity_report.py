@@ -65,7 +65,7 @@ def test_without_speed_rows_the_formula_ranks(frame):
 
 def test_report_shows_floor_recommendation_and_frontier(frame, tmp_path):
     html = write_report(frame, {"min_recall": 0.9, "scenario": "t"}, tmp_path).read_text()
-    assert "Fidelity floor" in html and "&ge; 0.9" in html
+    assert "Fidelity floor" in html and "≥ 0.9" in html
     glance = fidelity_report.glance(frame, {"min_recall": 0.9})
     assert "budget 1k" in glance and "misses the floor" in glance
     assert "fig-fidelity-frontier" in html and "fig-fidelity-heat" in html

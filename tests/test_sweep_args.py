@@ -16,8 +16,8 @@ FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
 # meta.json's 'args' keys, in order, as the committed examples hold them (before SweepArgs)
 META_KEYS = ["scenario", "lengths", "batch", "page_size", "budget", "mode", "backend", "layers",
              "repeats", "warmup", "graph", "bytes_source", "peers", "e2e", "e2e_budget",
-             "e2e_page_size", "gpus", "fidelity", "kv_dtype", "summary_dtype", "kv_scale", "tp",
-             "e2e_on"]
+             "e2e_page_size", "gpus", "fidelity", "fidelity_model", "kv_dtype", "summary_dtype",
+             "kv_scale", "tp", "e2e_on"]
 
 
 def run(*args):
@@ -28,7 +28,7 @@ def test_defaults_in_one_place_and_frozen():
     args = SweepArgs()
     assert (args.scenario, args.backend, args.graph, args.bytes_source) == (
         "longchat-7b", "auto", True, "auto")
-    assert (args.e2e_budget, args.e2e_page_size, args.gpus, args.fidelity) == (2048, 16, 1, False)
+    assert (args.e2e_budget, args.e2e_page_size, args.gpus, args.fidelity) == (2048, 16, 1, None)
     assert args.lengths is None and args.e2e is None and args.peers is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.gpus = 2

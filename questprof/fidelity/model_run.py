@@ -1,7 +1,11 @@
-"""A real model's decode attention: capture every decode step, and the passkey task under Quest.
+"""A real model's decode attention for a batch of prompts of equal length: capture every
+decode step, and the passkey task with Quest in the decode loop.
 
 The prompt's last token is fed as the first decode step (the rest is prefilled, dense), so
 every answer token, the first included, comes from a decode query that Quest would serve.
+Prompts run through the model together (one prefill of [B, n - 1] tokens, one decode of B
+rows per step); each page size's summaries of the prefilled keys are built once per layer and
+copied for each budget.
 """
 
 from __future__ import annotations
@@ -12,17 +16,19 @@ import torch
 
 from questprof.core.config import ConfigError
 from questprof.fidelity.capture import Capture
-from questprof.fidelity.hooks import QuestHook, Recorder, active, decode, install, prefill
+from questprof.fidelity.hooks import Recorder, active, decode, install, prefill, with_room
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
+from questprof.fidelity.select import page_index
 
 
 @dataclass
 class Captured:
-    """A capture with the dense answer and the prefilled cache (prompt minus its last token)."""
+    """Captures of a batch of prompts with their dense answers and the prefilled cache (each
+    prompt minus its last token, `prefix` tokens)."""
 
-    capture: Capture
-    tokens: list[int]
+    captures: list[Capture]
+    tokens: list[list[int]]
     cache: object
     prefix: int
 
@@ -39,42 +45,101 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
+def _check_batch(batch: list[Prompt]) -> int:
+    sizes = {len(p.ids) for p in batch}
+    if len(sizes) != 1:
+        raise ValueError(f"prompts of one batch must have one length, got {sorted(sizes)}")
+    return sizes.pop()
+
+
 @torch.inference_mode()
-def capture(loaded: LoadedModel, prompt: Prompt, steps: int, source: str) -> Captured:
-    """Prefill, then `steps` greedy decode steps with every layer's q, k, v recorded."""
-    check_fits(loaded, prompt, steps)
+def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -> Captured:
+    """Prefill the prompts, then `steps` greedy decode steps with every layer's q, k, v
+    recorded; one Capture per prompt."""
+    n = _check_batch(batch)
+    for prompt in batch:
+        check_fits(loaded, prompt, steps)
     model = loaded.model
     install(model)
-    ids = torch.tensor([prompt.ids[:-1]], device=_device(model))
-    cache = prefill(model, ids)
+    ids = torch.tensor([p.ids[:-1] for p in batch], device=_device(model))
+    cache = with_room(prefill_shared(model, ids), steps)
     recorder = Recorder(model.config.num_hidden_layers)
     with active(recorder):
-        tokens = decode(model, cache, prompt.ids[-1], steps)
+        tokens = decode(model, cache, [p.ids[-1] for p in batch], steps)
     q, k, v = recorder.arrays()
-    text = loaded.tokenizer.decode(tokens) if loaded.tokenizer is not None else ""
-    info = {"prompt": prompt.label, "answer": prompt.answer, "generated": text,
-            "dense_correct": answered(loaded.tokenizer, prompt, tokens)}
-    cap = Capture(q, k, v, recorder.scaling, loaded.name, source, info).check()
-    return Captured(cap, tokens, cache, ids.shape[1])
+    caps = []
+    for i, prompt in enumerate(batch):
+        text = loaded.tokenizer.decode(tokens[i]) if loaded.tokenizer is not None else ""
+        info = {"prompt": prompt.label, "answer": prompt.answer, "generated": text,
+                "dense_correct": answered(loaded.tokenizer, prompt, tokens[i])}
+        caps.append(Capture(q[i], k[i], v[i], recorder.scaling, loaded.name, source,
+                            info).check())
+    return Captured(caps, tokens, cache, n - 1)
 
 
-def _crop(cache, keep: int) -> None:
-    """Drop the decoded tokens from the cache: keep the first `keep` (transformers 5 crops by
-    a negative count of tokens to remove; a positive argument raises)."""
-    extra = cache.get_seq_length() - keep
-    if extra > 0:
-        cache.crop(-extra)
+def shared_prefixes(ids: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(base row, tokens each row shares with it from the start [B]) for ids [B, n]: the base
+    is the row sharing the most tokens with the others."""
+    same = (ids[:, None, :] == ids[None, :, :]).int().cumprod(dim=2).sum(dim=2)   # [B, B]
+    base = int(same.sum(dim=1).argmax())
+    return base, same[base]
+
+
+SHARED_ENOUGH = 0.25  # prefill rows apart once their shared prefixes save this share of tokens
+
+
+def prefill_shared(model, ids: torch.Tensor):
+    """The cache of prompts ids [B, n] (all tokens): one prefill of [B, n] when the rows share
+    little, else the row that shares most (the base) alone, then each other row's tokens after
+    what it shares with the base, on a copy of the base's cache cut to that prefix. Passkey
+    prompts on one filler stream share their tokens before the key line: about half of them."""
+    from transformers import DynamicCache
+    base, shared = shared_prefixes(ids)
+    n = ids.shape[1]
+    if ids.shape[0] == 1 or int(shared.sum()) - n < SHARED_ENOUGH * ids.numel():
+        return prefill(model, ids)
+    first = prefill(model, ids[base:base + 1])
+    layers = [(layer.keys, layer.values) for layer in first.layers]
+    rows = []
+    for row in range(ids.shape[0]):
+        keep = min(int(shared[row]), n - 1)  # at least one token of each row goes through
+        cache = DynamicCache(ddp_cache_data=[(k[:, :, :keep], v[:, :, :keep]) for k, v in layers],
+                             config=model.config)
+        rows.append(prefill(model, ids[row:row + 1, keep:], cache) if row != base else first)
+    stacked = [(torch.cat([r.layers[i].keys for r in rows]),
+                torch.cat([r.layers[i].values for r in rows])) for i in range(len(layers))]
+    return DynamicCache(ddp_cache_data=stacked, config=model.config)
+
+
+def base_indexes(captured: Captured, backend, page_size: int, dtype: str,
+                 dense_layers: int) -> dict:
+    """{layer: index of the prefilled keys [B, Hkv, prefix, d]} for layers >= dense_layers."""
+    caps = captured.captures
+    capacity = captured.prefix + caps[0].steps
+    return {layer: page_index(backend, _stack_keys(caps, layer, captured.prefix), page_size,
+                              dtype, capacity)
+            for layer in range(dense_layers, caps[0].layers)}
+
+
+def _stack_keys(caps: list[Capture], layer: int, tokens: int):
+    import numpy as np
+    return np.stack([c.keys[layer, :, :tokens] for c in caps])
 
 
 @torch.inference_mode()
-def quest_answer(loaded: LoadedModel, prompt: Prompt, captured: Captured, backend, page_size: int,
-                 budget: int, mode: str, dense_layers: int,
-                 dtype: str) -> tuple[list[int], bool | None]:
-    """Greedy answer with Quest attention in layers >= dense_layers; (tokens, correct)."""
-    steps = captured.capture.steps
-    _crop(captured.cache, captured.prefix)
-    hook = QuestHook(backend, page_size, budget, mode, dtype, dense_layers,
-                     captured.prefix + steps)
+def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, base: dict,
+                 budgets: list[int], page_size: int, mode: str,
+                 dense_layers: int) -> dict[int, list[tuple[list[int], bool | None]]]:
+    """{budget: (tokens, correct) per prompt}: greedy answers with Quest attention in layers >=
+    dense_layers, every budget of `page_size` in one decode (task.py). base: base_indexes at
+    this page size."""
+    from questprof.fidelity.task import SettingsHook, shared_cache
+    steps, prompts, copies = captured.captures[0].steps, len(batch), len(budgets)
+    cache = shared_cache(captured.cache, prompts, copies, captured.prefix, steps)
+    indexes = {layer: index.tiled(copies) for layer, index in base.items()
+               if layer >= dense_layers}
+    hook = SettingsHook(cache, indexes, [b // page_size for b in budgets], mode, dense_layers)
     with active(hook):
-        tokens = decode(loaded.model, captured.cache, prompt.ids[-1], steps)
-    return tokens, answered(loaded.tokenizer, prompt, tokens)
+        tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * copies, steps)
+    return {b: [(tokens[i * prompts + j], answered(loaded.tokenizer, p, tokens[i * prompts + j]))
+                for j, p in enumerate(batch)] for i, b in enumerate(budgets)}

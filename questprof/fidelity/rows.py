@@ -2,8 +2,11 @@
 
 A `head` row holds each metric's mean over the decode steps (and prompts) of one q head of one
 layer, plus `mass_recall_worst_step`; a `step` row holds the mean over the sparse layers' heads
-at one decode step, plus `mass_recall_p10` over those heads. Passkey rows (stage 'passkey')
-hold the share of prompts answered right with dense and with Quest attention.
+at one decode step, plus `mass_recall_p10` over those heads; a `setting` row (layer, head and
+step empty) holds the mean and the 10th percentile over heads of mass recall with their 95%
+bootstrap intervals over prompts and steps (fidelity.stats), the prompts (`samples`) and the
+decode `steps`. Passkey rows (stage 'passkey') hold the share of prompts answered right with
+dense and with Quest attention.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 from questprof.core.layout import pages_for
 from questprof.fidelity.metrics import METRICS
 from questprof.fidelity.selectors import selector_fields
+from questprof.fidelity.stats import recall_interval
 
 STAGE = "fidelity"
 TASK_STAGE = "passkey"
@@ -52,7 +56,7 @@ def head_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
 
 def step_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
     """Rows per decode step over the sparse layers' heads (all layers when none is sparse)."""
-    sparse = metrics[:, dense_layers:] if metrics.shape[1] > dense_layers else metrics
+    sparse = _sparse(metrics, dense_layers)
     rows = []
     for step in range(sparse.shape[2]):
         at = sparse[:, :, step]                                   # [samples, layers, M, Hq]
@@ -65,17 +69,36 @@ def step_rows(base: dict, metrics: np.ndarray, dense_layers: int) -> list[dict]:
     return rows
 
 
-def fidelity_rows(meta: dict, length: int, results: list[dict], dense_layers: int) -> list[dict]:
-    """All rows of one length from `evaluate` results of its prompts (one dict per prompt)."""
+def _sparse(metrics: np.ndarray, dense_layers: int) -> np.ndarray:
+    """The sparse layers of metrics [samples, layers, ...] (all layers when none is sparse)."""
+    return metrics[:, dense_layers:] if metrics.shape[1] > dense_layers else metrics
+
+
+def setting_row(base: dict, metrics: np.ndarray, dense_layers: int) -> dict:
+    """The row of one setting: mass recall's mean and p10 over the sparse layers' heads, each
+    with its bootstrap interval over prompts and steps."""
+    recall = _sparse(metrics, dense_layers)[:, :, :, 0]              # [samples, L, steps, Hq]
+    samples, layers, steps, heads = recall.shape
+    values = recall.transpose(0, 2, 1, 3).reshape(samples, steps, layers * heads)
+    got = recall_interval(values)
+    row = {**base, "stage": STAGE, "layer": None, "head": None, "step": None,
+           "dense_layer": False, "steps": steps, "mass_recall": _round(got.mean),
+           "mass_recall_p10": _round(got.p10)}
+    return {**row, **got.columns(DIGITS)}
+
+
+def fidelity_rows(meta: dict, length: int, metrics: dict, dense_layers: int) -> list[dict]:
+    """All rows of one length from {setting: metrics [samples, layers, steps, M, Hq]}
+    (evaluate.evaluate_batch, prompts along the first axis)."""
     rows = []
     with warnings.catch_warnings():  # mass_bound is NaN but for branch and bound: no warning
         warnings.simplefilter("ignore", RuntimeWarning)
-        for key in results[0]:
+        for key, stacked in metrics.items():
             page_size, budget, mode = key[:3]
-            stacked = np.stack([r[key] for r in results])
-            base = {**base_row(meta, length, page_size, budget, mode), "samples": len(results)}
+            base = {**base_row(meta, length, page_size, budget, mode), "samples": len(stacked)}
             base.update(selector_fields(key, stacked, base["pages"], dense_layers))
             rows += head_rows(base, stacked, dense_layers) + step_rows(base, stacked, dense_layers)
+            rows.append(setting_row(base, stacked, dense_layers))
     return rows
 
 

@@ -5,13 +5,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
-from questprof.fidelity.evaluate import FidelityGrid, evaluate, one_thread
+from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
 from questprof.fidelity.selectors import evaluate_selectors, has_quest
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
+PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
+# Share of the host's memory one chunk of prompts may hold (captured keys and values, the
+# model's cache, fp32): 20 SmolLM2 prompts of 2K tokens take 3.8 GB, of 8K 15 GB (one chunk
+# on a 128 GiB GPU host; chunks of 7 on the 23 GiB CPU machine)
+CHUNK_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -22,13 +29,17 @@ class Request:
     grid: FidelityGrid
     lengths: tuple[int, ...] = ()
     steps: int = 8
-    depths: tuple[float, ...] = (0.1, 0.5, 0.9)
+    depths: tuple[float, ...] = ()  # passkey depths; empty: `prompts` depths spread over 0..1
     dense_layers: int = 2
     task: bool = True
     seed: int = 0
     scenario: str = "smoke"
     model: str = "smollm2"
     cache_path: str = ""
+    prompts: int = PROMPTS
+
+    def prompt_depths(self) -> tuple[float, ...]:
+        return self.depths or prompts.spread_depths(self.prompts)
 
 
 def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -> dict:
@@ -39,15 +50,29 @@ def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -
 
 
 def _evaluate(caps, request: Request, backend, scenario: str, length: int, log) -> list[dict]:
-    """Rows of one length from its captures (prompts of one length pooled)."""
+    """Rows of one length from captures of one shape (each its own batch of one)."""
     started = time.perf_counter()
     quest = has_quest(request.grid)
-    results = [{**(evaluate(cap, backend, request.grid) if quest else {}),
-                **evaluate_selectors(cap, request.grid)} for cap in caps]
+    results = [evaluate_batch([cap], backend, request.grid) if quest else {} for cap in caps]
+    metrics = with_selectors(_concat(results), caps, request.grid)
     log(f"{caps[0].source} {length} tokens: metrics of {len(caps)} capture(s) in "
         f"{time.perf_counter() - started:.1f} s")
     meta = _meta(caps[0], request, backend, scenario, caps[0].source)
-    return rows.fidelity_rows(meta, length, results, request.dense_layers)
+    return rows.fidelity_rows(meta, length, metrics, request.dense_layers)
+
+
+def with_selectors(metrics: dict, caps: list[Capture], grid: FidelityGrid) -> dict:
+    """Quest's metrics and every other selector's of the grid, [samples, ...] each (the
+    selectors' NumPy references take one capture at a time)."""
+    parts = [evaluate_selectors(cap, grid) for cap in caps]
+    if parts and parts[0]:
+        metrics = {**metrics, **{key: np.stack([p[key] for p in parts]) for key in parts[0]}}
+    return metrics
+
+
+def _concat(parts: list[dict]) -> dict:
+    """{setting: metrics} of several batches, prompts concatenated along the first axis."""
+    return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 
 def synthetic_rows(request: Request, backend, log):
@@ -68,16 +93,18 @@ def cache_rows(request: Request, backend, log):
     yield from _evaluate([cap], request, backend, cap.model, cap.step_length(0), log)
 
 
-def _prompts(loaded, request: Request, length: int):
+def _prompts(loaded, request: Request, length: int) -> list[prompts.Prompt]:
     if loaded.tokenizer is None:  # random weights: random tokens, no answer to check
-        return [prompts.random_tokens(loaded.model.config.vocab_size, length, request.seed)]
+        vocab = loaded.model.config.vocab_size
+        return [prompts.random_tokens(vocab, length, request.seed + i)
+                for i in range(request.prompts)]
     if request.source == "natural":
-        return [prompts.natural(loaded.tokenizer, length)]
+        return prompts.natural(loaded.tokenizer, length, request.prompts)
     if request.source in ("multikey", "aggregate"):
         from questprof.fidelity import tasks
         make = tasks.multikeys if request.source == "multikey" else tasks.aggregates
         return make(loaded.tokenizer, length, request.seed)
-    return prompts.passkeys(loaded.tokenizer, length, request.depths, request.seed)
+    return prompts.passkeys(loaded.tokenizer, length, request.prompt_depths(), request.seed)
 
 
 def _prompt_tokens(loaded, length: int, steps: int) -> int:
@@ -91,45 +118,100 @@ def _prompt_tokens(loaded, length: int, steps: int) -> int:
     return min(length, loaded.context - steps + 1)
 
 
+def chunk_size(model, tokens: int, memory: int | None = None) -> int:
+    """Prompts per chunk within CHUNK_SHARE of the host's memory (`memory` bytes, default this
+    host's): captured k and v plus the model's cache, fp32."""
+    import os
+    c = model.config
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    per_prompt = 4 * c.num_hidden_layers * kv_heads * tokens * head_dim * 4
+    memory = memory or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return max(1, int(CHUNK_SHARE * memory) // per_prompt)
+
+
+class _Tally:
+    """Seconds spent per phase of one length, summed over its chunks; each phase logged."""
+
+    def __init__(self, log, what: str) -> None:
+        self.seconds: dict[str, float] = {}
+        self.log, self.what = log, what
+
+    def add(self, phase: str, started: float) -> None:
+        took = time.perf_counter() - started
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + took
+        self.log(f"{self.what}: {phase} {took:.1f} s")
+
+
+def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally):
+    """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk.
+
+    torch runs on one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4)
+    capturing 4 prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the
+    CPU time: the second thread waits on the other jobs); the metrics and the task are small
+    ops either way."""
+    from questprof.fidelity.model_run import base_indexes, capture, task_answers
+    grid, answers = request.grid, {}
+    with one_thread():
+        started = time.perf_counter()
+        captured = capture(loaded, chunk, request.steps, source)
+        tally.add("capture", started)
+        started = time.perf_counter()
+        bases = {s: base_indexes(captured, backend, s, grid.dtype, 0) for s in grid.page_sizes}
+        quest = (evaluate_batch(captured.captures, backend, grid, bases=bases)
+                 if has_quest(grid) else {})
+        metrics = with_selectors(quest, captured.captures, grid)
+        tally.add("metrics", started)
+        if request.task and (chunk[0].answer or loaded.tokenizer is None):
+            started, mode = time.perf_counter(), grid.modes[0]
+            for size in grid.page_sizes:  # every budget of a page size in one decode
+                budgets = [b for s, b, m in grid.settings() if s == size and m == mode]
+                got = task_answers(loaded, chunk, captured, bases[size], budgets, size, mode,
+                                   request.dense_layers)
+                answers.update({(size, b, mode): got[b] for b in budgets})
+            tally.add("task", started)
+    caps = captured.captures
+    return metrics, answers, [c.info for c in caps], _meta(caps[0], request, backend, source,
+                                                             source)
+
+
 def model_rows(request: Request, backend, log):
     """Captures of a real model's decode steps on passkey or natural prompts, then the task."""
-    from questprof.fidelity.model_run import capture, check_fits
+    from questprof.fidelity.model_run import check_fits
     from questprof.fidelity.models import load_model
     loaded = load_model(request.model, request.seed)
+    source = request.source if loaded.tokenizer is not None else "random-tokens"
     for length in request.lengths:
         batch = _prompts(loaded, request, _prompt_tokens(loaded, length, request.steps))
         for prompt in batch:  # fail before the first capture when any prompt is too long
             check_fits(loaded, prompt, request.steps)
-        source = request.source if loaded.tokenizer is not None else "random-tokens"
-        started, captured = time.perf_counter(), []
-        for prompt in batch:
-            captured.append(capture(loaded, prompt, request.steps, source))
-        log(f"{loaded.name} {length} tokens: captured {len(batch)} prompt(s) "
-            f"in {time.perf_counter() - started:.1f} s")
-        caps = [c.capture for c in captured]
-        yield from _evaluate(caps, request, backend, source, length, log)
-        if request.task and batch[0].answer:
-            yield from task_rows(loaded, batch, captured, request, backend, length, log)
+        size = chunk_size(loaded.model, len(batch[0].ids) + request.steps)
+        tally = _Tally(log, f"{loaded.name} {length} tokens")
+        parts, answers, infos = [], {}, []
+        for i in range(0, len(batch), size):
+            metrics, got, info, meta = _chunk(loaded, batch[i:i + size], request, backend,
+                                              source, tally)
+            parts.append(metrics)
+            infos += info
+            for key, value in got.items():
+                answers.setdefault(key, []).extend(value)
+        times = ", ".join(f"{k} {v:.1f} s" for k, v in tally.seconds.items())
+        log(f"{loaded.name} {length} tokens, {len(batch)} prompt(s) in chunks of "
+            f"{min(size, len(batch))}: {times} in all")
+        yield from rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
+        if answers and batch[0].answer:
+            yield from task_rows(loaded, batch, infos, answers, meta, length)
 
 
-def task_rows(loaded, batch, captured, request: Request, backend, length: int, log):
-    """Passkey answered with dense attention and with Quest at every page size and budget."""
-    from questprof.fidelity.model_run import quest_answer
-    meta = _meta(captured[0].capture, request, backend, request.source, request.source)
-    dense = [bool(c.capture.info["dense_correct"]) for c in captured]
-    mode, started = request.grid.modes[0], time.perf_counter()
-    for page_size, budget, _ in [s for s in request.grid.settings() if s[2] == mode]:
-        with one_thread():  # one-token decode steps are small ops, like the metrics
-            answers = [quest_answer(loaded, p, c, backend, page_size, budget, mode,
-                                    request.dense_layers, request.grid.dtype)
-                       for p, c in zip(batch, captured)]
-        row = rows.task_row(meta, length, page_size, budget, mode, dense, [a[1] for a in answers])
+def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, length: int):
+    """Passkey rows: answered with dense attention and with Quest at every page size and budget."""
+    dense = [bool(info["dense_correct"]) for info in infos]
+    for (page_size, budget, mode), got in answers.items():
+        row = rows.task_row(meta, length, page_size, budget, mode, dense, [a[1] for a in got])
         row["passkey_keys"] = "|".join(p.answer for p in batch)
         row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a[0]).strip()
-                                                for a in answers)
+                                                for a in got)
         yield row
-    log(f"{loaded.name} {length} tokens: passkey with Quest in "
-        f"{time.perf_counter() - started:.1f} s")
 
 
 def fidelity_rows(request: Request, backend, log=lambda msg: None):

@@ -1,77 +1,140 @@
-"""Quest's page selection for one layer, computed by the backend under test.
+"""Quest's page selection for one layer of a batch of requests of equal length.
 
-A `PageIndex` holds one layer's keys of one request as a paged cache on the backend (pages in
-order, one spare page's room to grow), builds the min/max summaries with the backend's
-`summary` stage over a prefill plan, appends decode tokens through the same stage, and scores
-and selects pages with the backend's `estimate` and `topk`.
+`page_index(backend, keys, ...)` returns the index that selection runs on:
+- on a GPU backend, `PageIndex`: the requests' keys as one paged cache on the backend (pages in
+  order, room to grow to `capacity`), min/max summaries by the backend's `summary` stage over a
+  prefill plan, decode tokens appended through the same stage, pages scored and chosen by the
+  backend's `estimate` and `topk` kernels;
+- on the NumPy backend, `host_index.HostIndex`: the same summaries, bound and top-K as the
+  float64 reference (core/reference.py) computes them, vectorised over the batch, heads and
+  pages (the reference loops over pages, heads and requests in Python: a 2K-token batch of 20
+  prompts took 130 us per (head, request) in its top-K on the 2-core CPU). Tests check both
+  against the reference on random inputs.
+
+Both hold keys [B, Hkv, L, d]; scores(q [B, Hq, d], mode) -> [Hs, B * P] in the backend's
+array type (request-major, as `estimate` returns them); select(scores, K) -> (sel [Hs, B, K]
+ascending page positions, -1 padded, count).
 """
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
-from questprof.core.layout import PagedKV, append_plan, from_storage, pages_for, to_storage
+from questprof.core.layout import PagedKV, append_plan, pages_for, to_storage
+from questprof.fidelity.host_index import HostIndex, stored
+
+__all__ = ["HostIndex", "PageIndex", "page_index", "stored"]
 
 
-def stored(x, dtype: str) -> np.ndarray:
-    """Values as the cache stores them (rounded to `dtype`), as float32."""
-    rounded = to_storage(np.asarray(x, dtype=np.float32), dtype)
-    return from_storage(rounded, dtype).astype(np.float32)
+def page_index(backend, keys, page_size: int, dtype: str, capacity: int):
+    """The index of keys [B, Hkv, L, d] for `backend` (see the module docstring)."""
+    if not backend.is_gpu:
+        return HostIndex(keys, page_size, dtype, capacity)
+    return PageIndex(backend, keys, page_size, dtype, capacity)
 
 
 class PageIndex:
-    """One layer's paged keys [Hkv, L, d] on `backend`, with summaries, growable to `capacity`."""
+    """B requests' paged keys [B, Hkv, L, d] on `backend`, with summaries, growable to
+    `capacity` tokens each."""
 
     def __init__(self, backend, keys, page_size: int, dtype: str, capacity: int) -> None:
         keys = np.asarray(keys, dtype=np.float32)
-        kv_heads, length, d = keys.shape
+        batch, kv_heads, length, d = keys.shape
         self.backend, self.page_size, self.dtype = backend, page_size, dtype
-        pool = np.zeros((pages_for(capacity, page_size) * page_size, kv_heads, d), np.float32)
-        pool[:length] = keys.transpose(1, 0, 2)
-        pool = pool.reshape(-1, page_size, kv_heads, d).transpose(0, 2, 1, 3)
-        summary = np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32)
-        k = to_storage(np.ascontiguousarray(pool), dtype)
-        host = PagedKV(k, k, to_storage(summary, dtype), np.zeros(2, np.int32),
-                       np.arange(pool.shape[0], dtype=np.int32), np.ones(1, np.int32),
-                       (length,), page_size, dtype)
-        self.kv = backend.put(host)
+        self.batch, self.room = batch, pages_for(capacity, page_size)
+        xp = _xp(backend)  # the pool is laid out where it lives: 126 MB of keys for 20 prompts
+        stored_keys = backend.asarray(to_storage(keys, dtype))        # of 8K tokens per layer
+        pool = xp.zeros((batch, self.room * page_size, kv_heads, d), stored_keys.dtype)
+        pool[:, :length] = stored_keys.transpose(0, 2, 1, 3)
+        pool = xp.ascontiguousarray(pool.reshape(batch * self.room, page_size, kv_heads, d)
+                                    .transpose(0, 2, 1, 3))
+        summary = to_storage(np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32), dtype)
+        self.kv = backend.put(PagedKV(pool, pool, summary, np.zeros(batch + 1, np.int32),
+                                      np.arange(pool.shape[0], dtype=np.int32),
+                                      np.ones(batch, np.int32), (length,) * batch, page_size,
+                                      dtype))
         self.length = 0
         self._grow(length)
+
+    def _tables(self):
+        pages = self.pages
+        indptr = np.arange(self.batch + 1, dtype=np.int32) * pages
+        indices = (np.arange(self.batch, dtype=np.int32)[:, None] * self.room
+                   + np.arange(pages, dtype=np.int32)).ravel()  # pages in order, nnz = B * P
+        last = np.full(self.batch, self.length - (pages - 1) * self.page_size, np.int32)
+        return indptr, indices, last
 
     def _grow(self, n_new: int) -> None:
         """Extend the page tables by n_new tokens and update their summaries (backend stage)."""
         self.length += n_new
-        pages = pages_for(self.length, self.page_size)
-        indptr = np.array([0, pages], np.int32)
-        last = np.array([self.length - (pages - 1) * self.page_size], np.int32)
+        indptr, indices, last = self._tables()
         self.kv.kv_indptr = self.backend.asarray(indptr)
-        self.kv.last_page_len = self.backend.asarray(last)
-        self.kv.lengths = (self.length,)
-        indices = np.arange(pages, dtype=np.int32)  # pages in order; nnz = pages
         self.kv.kv_indices = self.backend.asarray(indices)
-        plan = append_plan(indptr, indices, last, [n_new], self.page_size)
+        self.kv.last_page_len = self.backend.asarray(last)
+        self.kv.lengths = (self.length,) * self.batch
+        plan = append_plan(indptr, indices, last, [n_new] * self.batch, self.page_size)
         self.backend.summary(self.kv, plan)
 
     def append(self, keys) -> None:
-        """Write new keys [Hkv, n, d] after the current length and update their summaries."""
+        """Write new keys [B, Hkv, n, d] after the current length and update their summaries."""
         keys = to_storage(np.asarray(keys, dtype=np.float32), self.dtype)
-        for i in range(keys.shape[1]):
-            pos = self.length + i
-            page, slot = divmod(pos, self.page_size)
-            self.kv.k[page, :, slot, :] = self.backend.asarray(keys[:, i, :])
-        self._grow(keys.shape[1])
+        base = np.arange(self.batch, dtype=np.int32) * self.room
+        for i in range(keys.shape[2]):
+            page, slot = divmod(self.length + i, self.page_size)
+            rows = self.backend.asarray(base + page)
+            self.kv.k[rows, :, slot, :] = self.backend.asarray(keys[:, :, i, :])
+        self._grow(keys.shape[2])
+
+    def copy(self) -> "PageIndex":
+        """An independent index with the same keys and summaries (grows apart from this one)."""
+        twin = copy.copy(self)
+        twin.kv = copy.copy(self.kv)
+        twin.kv.k = twin.kv.v = self.kv.k.copy()
+        twin.kv.summary = self.kv.summary.copy()
+        return twin
+
+    def tiled(self, copies: int) -> "PageIndex":
+        """An index of `copies` x the requests (request = copy * B + b), each growing apart:
+        the pool and its summaries repeated where they live, the tables rebuilt."""
+        xp = _xp(self.backend)
+        twin = copy.copy(self)
+        twin.kv = copy.copy(self.kv)
+        twin.kv.k = twin.kv.v = xp.concatenate([self.kv.k] * copies)
+        twin.kv.summary = xp.concatenate([self.kv.summary] * copies)
+        twin.batch = copies * self.batch
+        indptr, indices, last = twin._tables()
+        twin.kv.kv_indptr = self.backend.asarray(indptr)
+        twin.kv.kv_indices = self.backend.asarray(indices)
+        twin.kv.last_page_len = self.backend.asarray(last)
+        twin.kv.lengths = (self.length,) * twin.batch
+        return twin
 
     @property
     def pages(self) -> int:
         return pages_for(self.length, self.page_size)
 
     def scores(self, q, mode: str):
-        """U_p(q) [Hs, P] float32 on the backend for q [Hq, d] (Hs = Hq per-head, else Hkv)."""
-        q = self.backend.asarray(to_storage(np.asarray(q, np.float32)[None], self.dtype))
+        """U_p(q) [Hs, B * P] float32 on the backend for q [B, Hq, d] (the kernels take any group)."""
+        q = self.backend.asarray(to_storage(np.asarray(q, np.float32), self.dtype))
         return self.backend.estimate(q, self.kv, mode)
 
+    def to_host(self, scores) -> np.ndarray:
+        """Scores [Hs, B * P] as a host array [Hs, B, P]."""
+        return self.backend.to_host(scores).reshape(scores.shape[0], self.batch, -1)
+
     def select(self, scores, k_pages: int) -> tuple[np.ndarray, int]:
-        """(page positions [Hs, K] ascending, count): the backend's top-K, tail page included."""
+        """(page positions [Hs, B, K] ascending, count): the backend's top-K, tail page in."""
         sel, count = self.backend.topk(scores, self.kv, k_pages)
-        return self.backend.to_host(sel)[:, 0, :], int(self.backend.to_host(count)[0])
+        return self.backend.to_host(sel), int(self.backend.to_host(count)[0])
+
+    def select_many(self, scores, ks) -> dict:
+        """{K: select(scores, K)} for several budgets of the same scores."""
+        return {k: self.select(scores, k) for k in ks}
+
+
+def _xp(backend):
+    """The array module of the backend's arrays (NumPy or CuPy)."""
+    return __import__("cupy") if backend.is_gpu else np
 

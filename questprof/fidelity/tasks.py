@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from questprof.fidelity.prompts import FILLER, INTRO, Prompt, _count
+from questprof.fidelity.prompts import FILLER, INTRO, Prompt
 
 NAMES = ("Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi")
 COLOURS = ("red", "purple", "orange", "white")  # none in the filler (green, blue, yellow)
@@ -23,17 +23,23 @@ ITEM_LINE = " Item {i} is painted {colour}."
 ASK_COUNT = "\nHow many items are painted {colour}? The number of {colour} items is"
 
 
+def _count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def _spread(tokenizer, length: int, lines: list[str], question: str) -> tuple[int, ...]:
-    """INTRO, the filler to about `length` tokens with `lines` at evenly spaced depths, then
-    the question; token ids cut to `length`."""
-    fixed = _count(tokenizer, INTRO + "".join(lines) + question)
-    n = max((length - fixed - 8) // _count(tokenizer, FILLER), len(lines))
+    """Exactly `length` token ids (prompts of one length decode as one batch): INTRO, the
+    filler with `lines` at evenly spaced depths, cut where the question must start, then the
+    question."""
+    asked = [int(i) for i in tokenizer(question, add_special_tokens=False)["input_ids"]]
+    fixed = _count(tokenizer, INTRO + "".join(lines)) + len(asked)
+    n = max((length - fixed) // _count(tokenizer, FILLER), 1)  # filler sentences that fit
     at = np.linspace(0, n, len(lines) + 2)[1:-1].round().astype(int)
     parts = [INTRO]
-    for i in range(n):
+    for i in range(n + 2):  # two more, cut back below: no prompt falls short of `length`
         parts += [lines[j] for j in np.flatnonzero(at == i)] + [FILLER]
-    ids = tokenizer("".join(parts) + question)["input_ids"][:length]
-    return tuple(int(i) for i in ids)
+    body = [int(i) for i in tokenizer("".join(parts))["input_ids"]]
+    return tuple(body[:length - len(asked)] + asked)
 
 
 def multikey(tokenizer, length: int, keys: int, ask: str, seed: int) -> Prompt:

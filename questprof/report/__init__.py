@@ -28,7 +28,7 @@ from questprof.report import selectors as selectors_report
 from questprof.report.frames import PANEL, fmt_tokens, fmt_x
 from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
 
-__all__ = ["write_report"]
+__all__ = ["glance_lines", "write_report"]
 
 CPU_BANNER = "CPU run (NumPy): times are CPU times"
 
@@ -49,7 +49,9 @@ def _glance(pairs: pd.DataFrame, df: pd.DataFrame, meta: dict) -> str:
     pick = fidelity_report.recommended(df, meta)
     if pick is None:
         g["best"] = g["speedup"] == g.groupby(PANEL)["speedup"].transform("max")
-        why = "the fastest page size and budget at the longest length of each batch"
+        why = ("the fastest page size and budget at the longest length of each batch, by speed "
+               "alone" + ("" if fidelity_report.has_rows(df) else
+                          ": what each setting loses in attention was not measured"))
     else:
         g["best"] = ((g["page_size"] == pick["page_size"]) & (g["budget"] == pick["budget"])
                      & (g["mode"] == pick["mode"]))
@@ -229,6 +231,13 @@ def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
     if path.is_dir() or not path.suffix:
         path = path / "report.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    body, title, with_plotly = _body(df, dict(meta or {}))
+    meta = {"results_dir": str(path.parent), **(meta or {})}
+    body, title, with_plotly = _body(df, meta)
     path.write_text(page(title, body, with_plotly), encoding="utf-8")
     return path
+
+
+def glance_lines(df: pd.DataFrame, meta: dict, out_dir=None) -> list[str]:
+    """The recommendation of "At a glance" as plain sentences, for the command line."""
+    where = {"results_dir": str(out_dir)} if out_dir is not None else {}
+    return fidelity_report.glance_lines(df, {**where, **(meta or {})})

@@ -12,6 +12,7 @@ import pandas as pd
 
 from questprof.report import fidelity_figures as figs
 from questprof.report import fidelity_frames as ff
+from questprof.report import recommend
 from questprof.report.frames import fmt_tokens, fmt_x
 from questprof.report.html import esc, figure, table
 
@@ -25,6 +26,11 @@ NOTE_COLUMNS = {"source": "source", "length_t": "length", "page_size": "page siz
                 "budget_t": "budget", "mode": "mode", "mr": "mass recall (mean)",
                 "mr10": "mass recall (p10)", "om": "oracle mass", "t10": "top-10 recall",
                 "pr": "page recall", "err": "output rel. error", "slack": "bound slack (q.k)"}
+
+
+def has_rows(df: pd.DataFrame) -> bool:
+    """Whether df holds fidelity rows."""
+    return ff.has_fidelity(df)
 
 
 def min_recall(meta: dict) -> float:
@@ -43,10 +49,16 @@ def _fmt(table_: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(df: pd.DataFrame, floor: float) -> str:
-    """The per-setting table: means over the sparse layers' heads, p10, highlighted >= floor."""
-    s = ff.summary(df)
-    numeric = {"mr", "mr10", "om", "t10", "pr", "err", "slack"}
-    return table(_fmt(s), NOTE_COLUMNS, "fidelity-table", numeric=numeric,
+    """The per-setting table: means over the sparse layers' heads, p10 with its 95% interval
+    where recorded, highlighted >= floor."""
+    s = ff.summary(df).merge(recommend.intervals(df), on=ff.SETTING, how="left")
+    s["ci"] = [("–" if pd.isna(lo) else f"{lo:.3f}-{hi:.3f}")
+               for lo, hi in zip(s["mass_recall_p10_lo"], s["mass_recall_p10_hi"])]
+    columns = {**NOTE_COLUMNS}
+    columns = dict(list(columns.items())[:7] + [("ci", "p10 95% interval")]
+                   + list(columns.items())[7:])
+    numeric = {"mr", "mr10", "ci", "om", "t10", "pr", "err", "slack"}
+    return table(_fmt(s), columns, "fidelity-table", numeric=numeric,
                  best=s["mass_recall_p10"] >= floor)
 
 
@@ -66,15 +78,16 @@ def _passkey(df: pd.DataFrame) -> str:
 
 
 def _passkey_table(task: pd.DataFrame) -> str:
-    pct = lambda v: "–" if pd.isna(v) else f"{v:.0%}"  # noqa: E731
+    """Accuracy as k/n with its Wilson interval: 5 prompts cannot tell 40% from 60%."""
+    share = lambda col: [recommend.fmt_share(v, n)  # noqa: E731
+                         for v, n in zip(task[col], task.get("samples", [None] * len(task)))]
     shown = task.assign(length_t=task["length"].map(fmt_tokens),
                         budget_t=task["budget"].map(fmt_tokens),
-                        dense=task["passkey_dense_correct"].map(pct),
-                        quest=task["passkey_quest_correct"].map(pct))
+                        dense=share("passkey_dense_correct"),
+                        quest=share("passkey_quest_correct"))
     columns = {"length_t": "length", "page_size": "page size", "budget_t": "budget",
-               "mode": "mode", "samples": "prompts", "dense": "dense correct",
-               "quest": "Quest correct"}
-    return table(shown, columns, "passkey-table", numeric={"dense", "quest", "samples"})
+               "mode": "mode", "dense": "dense correct", "quest": "Quest correct"}
+    return table(shown, columns, "passkey-table", numeric={"dense", "quest"})
 
 
 def _heatmap(df: pd.DataFrame) -> str:
@@ -112,12 +125,34 @@ def fidelity_section(df: pd.DataFrame, meta: dict) -> str:
 
 
 def frontier_section(df: pd.DataFrame, meta: dict) -> str:
-    """HTML of the speed-fidelity frontier (a note when speed or fidelity rows are missing)."""
-    table_ = ff.frontier(df)
+    """HTML of the speed-fidelity frontier (a note when speed or fidelity rows are missing):
+    the figure, then each setting with its p10 interval and verdict at the floor."""
+    floor = min_recall(meta)
+    table_ = recommend.frontier(df, floor)
     if table_.empty or table_["speedup"].isna().all():
         return ("<p>The frontier needs speed rows (a sweep) and fidelity rows in one results "
                 "directory: <code>questprof sweep --fidelity</code>.</p>")
-    return figure(figs.frontier_figure(table_, min_recall(meta)), "fidelity-frontier")
+    return (figure(figs.frontier_figure(table_, floor), "fidelity-frontier")
+            + _frontier_table(table_, floor, recommended(df, meta)))
+
+
+def _frontier_table(t: pd.DataFrame, floor: float, pick: dict | None) -> str:
+    t = t.dropna(subset=["speedup"]).sort_values("speedup", ascending=False)
+    shown = t.assign(budget_t=t["budget"].map(fmt_tokens), sp=t["speedup"].map(fmt_x),
+                     at=t["speed_length"].map(fmt_tokens),
+                     fid=t["fidelity_length"].map(fmt_tokens),
+                     p10=[recommend.fmt_recall(r) for _, r in t.iterrows()])
+    columns = {"page_size": "page size", "budget_t": "budget", "mode": "mode",
+               "sp": "speedup", "at": "at", "p10": "p10 mass recall", "fid": "fidelity at",
+               "verdict": f"against the floor {floor:g}"}
+    best = (pd.Series([all(r[k] == pick[k] for k in ff.JOIN) for _, r in t.iterrows()])
+            if pick else None)
+    note = ("<p class=\"note\">Verdict: <i>passes</i> when the whole 95% interval of the p10 "
+            "is at or above the floor, <i>fails</i> when all of it is below, <i>not decided</i> "
+            "when the floor lies inside it (more prompts would decide it); <i>no interval</i> "
+            "for rows written before intervals were recorded. Highlighted: the recommendation."
+            "</p>")
+    return table(shown, columns, "frontier-table", numeric={"sp", "p10"}, best=best) + note
 
 
 def recommended(df: pd.DataFrame, meta: dict) -> dict | None:
@@ -129,35 +164,40 @@ def recommended(df: pd.DataFrame, meta: dict) -> dict | None:
     return {k: rec["setting"][k] for k in ff.JOIN}
 
 
+def glance_lines(df: pd.DataFrame, meta: dict) -> list[str]:
+    """The recommendation under the fidelity floor as plain sentences (what it rests on, how
+    sure it is); with speed rows and no fidelity rows, that the ranking is by speed alone and
+    the command that adds fidelity (meta['results_dir'] names the directory)."""
+    meta = meta or {}
+    words = str(meta.get("command") or "").split()
+    if words[1:2] in (["bench"], ["bytes"]):  # kernels against ceilings: no setting to choose
+        return []
+    return recommend.advice(df, min_recall(meta)) or recommend.unmeasured(
+        df, meta.get("results_dir"))
+
+
+LEADS = ("Fidelity floor", "Recommended", "Not decided", "Decided", "How sure",
+         "Ranked by speed alone", "Indistinguishable from the floor")
+
+
+def _html(line: str) -> str:
+    """One sentence as HTML: its lead words bold, a command after 'with: ' as code."""
+    lead = next((w for w in LEADS if line.startswith(w)), None)
+    if lead is not None:
+        return f"<b>{esc(lead)}</b>{esc(line[len(lead):])}"
+    if "with: " in line:
+        text, command = line.split("with: ", 1)
+        return f"{esc(text)}with: <code>{esc(command)}</code>"
+    return esc(line)
+
+
 def glance(df: pd.DataFrame, meta: dict) -> str:
-    """One paragraph: the recommended setting under the fidelity floor (empty without fidelity)."""
-    floor = min_recall(meta)
-    rec = ff.recommend(df, floor) if ff.has_fidelity(df) else None
-    if rec is None:
+    """glance_lines as a list, one sentence an item (empty when there is nothing to say)."""
+    lines = glance_lines(df, meta)
+    if not lines:
         return ""
-    how = "measured speedup" if rec["measured"] else "byte formula 1/rho (no speed rows)"
-    head = ("<p class=\"recommend\"><b>Fidelity floor</b>: 10th-percentile mass recall "
-            f"&ge; {floor:g}. ")
-    if rec["setting"] is None:
-        return head + ("No measured setting reaches it; raise the budget or lower "
-                       "<code>--min-recall</code>.</p>")
-    chosen = _describe(rec["setting"], rec["measured"])
-    return head + f"Recommended: {chosen} ({how}).{_versus(rec)}</p>"
-
-
-def _describe(row: dict, measured: bool) -> str:
-    speed = f", {fmt_x(row['speedup'])} at {fmt_tokens(row['speed_length'])}" if measured else ""
-    return (f"page {int(row['page_size'])}, budget {fmt_tokens(row['budget'])}, {esc(row['mode'])}"
-            f"{speed}, p10 mass recall {row['mass_recall_p10']:.3f} at "
-            f"{fmt_tokens(row['fidelity_length'])} tokens ({esc(row['source'])})")
-
-
-def _versus(rec: dict) -> str:
-    best, fastest = rec["setting"], rec["fastest"]
-    same = all(best[k] == fastest[k] for k in ff.JOIN)
-    if same:
-        return " It is also the fastest setting."
-    return (f" The fastest outright, {_describe(fastest, rec['measured'])}, misses the floor.")
+    items = "".join(f"<li>{_html(line)}</li>" for line in lines)
+    return f"<ul class=\"recommend\">{items}</ul>"
 
 
 SECTIONS = (("fidelity", "9. Fidelity"), ("frontier", "10. Speed against fidelity"))

@@ -106,8 +106,18 @@ def passkey_figure(task) -> go.Figure:
     return finish(fig, "Passkey retrieval with Quest in the decode loop (dotted: dense)", 420)
 
 
+def _interval(rows) -> dict | None:
+    """Error bars of the p10's 95% interval, where the rows carry one."""
+    if "mass_recall_p10_lo" not in rows or rows["mass_recall_p10_lo"].isna().all():
+        return None
+    return {"type": "data", "symmetric": False, "thickness": 1.5,
+            "array": (rows["mass_recall_p10_hi"] - rows["mass_recall_p10"]).fillna(0),
+            "arrayminus": (rows["mass_recall_p10"] - rows["mass_recall_p10_lo"]).fillna(0)}
+
+
 def frontier_figure(table, floor: float) -> go.Figure:
-    """Speedup (x) against p10 mass recall (y) per setting; the floor as a line."""
+    """Speedup (x) against p10 mass recall (y) per setting, with its 95% interval where
+    recorded; the floor as a line."""
     table = table.dropna(subset=["speedup"])
     text = [f"S={int(s)}, B={fmt_tokens(b)}" for s, b in zip(table["page_size"], table["budget"])]
     fig = go.Figure()
@@ -117,8 +127,10 @@ def frontier_figure(table, floor: float) -> go.Figure:
             x=rows["speedup"], y=rows["mass_recall_p10"], mode="markers+text",
             text=np.array(text)[mask.to_numpy()], textposition="top center",
             name=f"page {size}", marker={"size": 10, "color": PALETTE[i % len(PALETTE)]},
+            error_y=_interval(rows),
             hovertemplate="%{text}: %{x:.2f}x, p10 mass recall %{y:.3f}<extra></extra>"))
     fig.add_hline(y=floor, line={"color": "#888", "dash": "dot"})
     fig.update_xaxes(type="log", title_text="speedup over dense (longest length, smallest batch)")
     fig.update_yaxes(title_text="mass recall, 10th percentile over heads")
-    return finish(fig, f"Speed against fidelity; dotted: floor {floor:g}", 480, hovermode="closest")
+    return finish(fig, f"Speed against fidelity; dotted: floor {floor:g}; bars: 95% intervals",
+                  480, hovermode="closest")
