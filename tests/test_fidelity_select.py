@@ -76,14 +76,14 @@ def test_cupy_index_selects_like_the_host_index(gpu, q_heads):
     """The batched index on the GPU kernels against the vectorised reference: fp16 keys, a
     decode step across a page boundary, several budgets, copies for the task."""
     rng = np.random.default_rng(q_heads)
-    keys, new = _keys(rng, length=79), _keys(rng, length=3)
+    keys, new = _keys(rng, length=79, d=64), _keys(rng, length=3, d=64)  # a built head dim
     host = HostIndex(keys, 16, "fp16", 90)
     dev = page_index(gpu, keys, 16, "fp16", 90)
     for index in (host, dev):
         index.append(new[:, :, :2])
     for a, b in ((host, dev), (host.tiled(2), dev.tiled(2))):
         batch = a.batch
-        q = rng.standard_normal((batch, q_heads, 16)).astype(np.float32)
+        q = rng.standard_normal((batch, q_heads, 64)).astype(np.float32)
         for mode in ("per-head", "shared-max", "shared-mean"):
             ours, theirs = a.scores(q, mode), b.to_host(b.scores(q, mode))
             np.testing.assert_allclose(a.to_host(ours), theirs, rtol=1e-5, atol=1e-4)
