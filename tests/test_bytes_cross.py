@@ -43,6 +43,7 @@ def check_all(monkeypatch, cupti_rows, ncu_rows):
     monkeypatch.setattr("questprof.backends.get_backend", lambda name: object())
     monkeypatch.setattr("questprof.measure.ceilings.Flush", lambda: None)
     monkeypatch.setattr("questprof.measure.cupti.release", lambda: None)
+    monkeypatch.setattr("questprof.workload.pools.check_cache", lambda shape, backend: None)
     given = {"cupti": cupti_rows, "ncu": ncu_rows}
     monkeypatch.setattr(bytes_cmd, "_measure_source",
                         lambda src, *args: ([dict(r) for r in given[src]], []))
