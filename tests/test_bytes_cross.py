@@ -1,6 +1,8 @@
 """bytes --check-formula --source all without a GPU: CUPTI against ncu only where both counted
 the same thing, and GPM figures only where they can be byte counts."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ def check_all(monkeypatch, cupti_rows, ncu_rows):
     given = {"cupti": cupti_rows, "ncu": ncu_rows}
     monkeypatch.setattr(bytes_cmd, "_measure_source",
                         lambda src, *args: ([dict(r) for r in given[src]], []))
-    return bytes_cmd.run_check([None], "all")
+    return bytes_cmd.run_check([types.SimpleNamespace(model=None)], "all")
 
 
 def test_stages_within_tolerance_and_a_step_counted_differently_exit_0(monkeypatch):
