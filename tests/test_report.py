@@ -357,3 +357,20 @@ def test_bytes_under_one_mib_are_drawn_not_judged():
     assert bool(rows.loc["summary", "small"]) and not rows.loc["summary", "off"]
     assert bool(rows.loc["dense", "off"])
     assert list(hardware.off_rows(df)["stage"]) == ["dense"]
+
+
+def test_points_of_different_models_are_never_pooled():
+    """A bench holds several models at the same length, batch, page size and budget: each keeps
+    its own point (a median over models would describe none of them)."""
+    from questprof.report import frames
+
+    base = {"status": "ok", "impl": "ours", "mode": "per-head", "batch": 1, "page_size": 16,
+            "budget": 2048, "length": 32768, "kv_dtype": "fp16", "summary_dtype": "fp16"}
+    rows = []
+    for model, ms, kv in (("a", 1.0, "fp16"), ("b", 3.0, "fp16"), ("a", 5.0, "fp8_e4m3")):
+        for stage, t in (("quest", ms), ("dense", 10 * ms)):
+            rows.append({**base, "model": model, "stage": stage, "median_ms": t, "kv_dtype": kv})
+    pairs = frames.paired(pd.DataFrame(rows))
+    assert sorted(pairs["quest_ms"]) == [1.0, 3.0, 5.0]
+    assert list(pairs["speedup"]) == [10.0, 10.0, 10.0]
+    assert set(pairs["shape"]) == {"a", "b", "a (FP8 cache, fp16 summaries)"}

@@ -63,11 +63,12 @@ def _glance(pairs: pd.DataFrame, df: pd.DataFrame, meta: dict) -> str:
     g["sp"], g["id"] = g["speedup"].map(fmt_x), g["ideal"].map(fmt_x)
     g["share"] = g["of_ideal"].map(lambda v: f"{v:.0%}")
     g["budget_t"] = g["budget"].map(fmt_tokens)
-    columns = {"batch": "batch", "mode": "mode", "page_size": "page size", "budget_t": "budget",
-               "cross": "Quest beats dense from", "at": "longest length", "sp": "speedup there",
+    columns = {"shape": "model", "batch": "batch", "mode": "mode", "page_size": "page size",
+               "budget_t": "budget", "cross": "Quest beats dense from", "at": "longest length", "sp": "speedup there",
                "id": "ideal 1/rho there", "share": "share of ideal"}
-    if "mode" not in frames.varying(g, ["mode"]):
-        columns.pop("mode")
+    for key in ("shape", "mode"):
+        if key not in frames.varying(g, [key]):
+            columns.pop(key)
     return (table(g, columns, "glance-table", numeric={"sp", "id", "share"}, best=g["best"])
             + f"<p class=\"note\">Highlighted: {why}. Speedup = dense median / Quest median "
               "per layer.</p>")
@@ -89,8 +90,11 @@ def _crossover(pairs: pd.DataFrame) -> str:
     cross = frames.crossovers(pairs)
     cross["budget_t"] = cross["budget"].map(fmt_tokens)
     cross["about"] = cross["estimate"].map(frames.fmt_about)
-    columns = {"batch": "batch", "mode": "mode", "page_size": "page size", "budget_t": "budget",
-               "text": "Quest beats dense from", "about": "interpolated crossover"}
+    columns = {"shape": "model", "batch": "batch", "mode": "mode", "page_size": "page size",
+               "budget_t": "budget", "text": "Quest beats dense from",
+               "about": "interpolated crossover"}
+    if "shape" not in frames.varying(cross, ["shape"]):
+        columns.pop("shape")
     return "".join(parts) + table(cross, columns, "crossover-table")
 
 

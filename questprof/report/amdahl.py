@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from questprof.core import model
 from questprof.report.figures import PALETTE, finish, length_axis
-from questprof.report.frames import CURVE, POINT, DEFAULT_MODE, fmt_tokens
+from questprof.report.frames import CURVE, POINT, shape_names, DEFAULT_MODE, fmt_tokens
 
 MAX_MODELLED_CURVES = 8  # more lines than this is a tangle; they are spread over the speedups
 
@@ -31,6 +31,7 @@ def e2e_rows(df: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
     if rows.empty or "attention_fraction" not in rows:
         return pd.DataFrame()
     rows["mode"] = rows["mode"].fillna(DEFAULT_MODE) if "mode" in rows else DEFAULT_MODE
+    rows["shape"] = shape_names(rows)
     if "measured_speedup" not in rows:
         rows["measured_speedup"] = np.nan
     rows["measured_speedup"] = rows["measured_speedup"].fillna(
@@ -45,8 +46,8 @@ def e2e_rows(df: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _name(key) -> str:
-    batch, mode, size, budget = key
-    return f"page {size}, budget {fmt_tokens(budget)}, batch {batch}, {mode}"
+    shape, batch, mode, size, budget = key
+    return f"{shape}: page {size}, budget {fmt_tokens(budget)}, batch {batch}, {mode}"
 
 
 def measured_figure(rows: pd.DataFrame) -> go.Figure:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from questprof.core import model
 
-PANEL = ["batch", "mode"]
+PANEL = ["shape", "batch", "mode"]  # shape: model and cache, when a run holds several (bench)
 CURVE = PANEL + ["page_size", "budget"]
 POINT = CURVE + ["length"]
 OURS = "ours"  # impl of our kernels (results.OURS; rows written before impl existed)
@@ -53,7 +53,21 @@ def measured(df: pd.DataFrame) -> pd.DataFrame:
         if col not in ok:
             ok[col] = default
         ok[col] = ok[col].fillna(default)
+    ok["shape"] = shape_names(ok)
     return ok
+
+
+def shape_names(rows: pd.DataFrame) -> pd.Series:
+    """The model of each row, and its summaries over an FP8 cache: a bench holds several models
+    and caches, whose points must never be pooled."""
+    name = rows["model"].fillna("model").astype(str) if "model" in rows else pd.Series(
+        "model", index=rows.index)
+    if "kv_dtype" in rows:
+        kv = rows["kv_dtype"].fillna("").astype(str)
+        summ = rows["summary_dtype"].fillna("").astype(str) if "summary_dtype" in rows else kv
+        fp8 = kv.str.startswith("fp8")
+        name = name.where(~fp8, name + " (FP8 cache, " + summ + " summaries)")
+    return name
 
 
 def _stage_ms(ok: pd.DataFrame) -> pd.DataFrame:
