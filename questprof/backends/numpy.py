@@ -9,19 +9,11 @@ from questprof.core.layout import (AppendPlan, PagedKV, encode_summary, from_sto
                                    summary_values, to_storage)
 
 
-class NumpyBackend:
-    """Runs anywhere; its times are CPU times of the reference, not GPU kernel times."""
+class HostArrays:
+    """What every CPU backend shares: host arrays, nothing to wait for."""
 
-    name = "numpy"
     is_gpu = False
     quest_path = "composed"  # quest() is the three stage calls in sequence
-    kv_dtypes = ("fp16", "bf16", "fp32", "fp8_e4m3")  # caches it runs (FP8: dequantized, float64)
-
-    def __init__(self) -> None:
-        self.fallback_reason: str | None = None
-
-    def put(self, host_kv: PagedKV) -> PagedKV:
-        return host_kv.with_arrays(np.asarray)
 
     def asarray(self, host_array):
         return np.asarray(host_array)
@@ -31,6 +23,19 @@ class NumpyBackend:
 
     def synchronize(self) -> None:
         pass
+
+
+class NumpyBackend(HostArrays):
+    """Runs anywhere; its times are CPU times of the reference, not GPU kernel times."""
+
+    name = "numpy"
+    kv_dtypes = ("fp16", "bf16", "fp32", "fp8_e4m3")  # caches it runs (FP8: dequantized, float64)
+
+    def __init__(self) -> None:
+        self.fallback_reason: str | None = None
+
+    def put(self, host_kv: PagedKV) -> PagedKV:
+        return host_kv.with_arrays(np.asarray)
 
     def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
         new = reference.summary(summary_values(kv), kv_values(kv, "k"), plan)

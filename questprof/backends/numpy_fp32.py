@@ -17,6 +17,7 @@ from questprof.backends import fp32_stages
 from questprof.backends.arena import Arena
 from questprof.backends.blas import one_thread
 from questprof.backends.fp32_copies import Copies, Tiles, chunks, f32, span
+from questprof.backends.numpy import HostArrays
 from questprof.core.layout import DTYPE_BYTES, AppendPlan, PagedKV, to_storage
 
 _ATTR = "_fp32_copies"  # where put() keeps a cache's working copies (dataclasses.replace drops it)
@@ -58,13 +59,11 @@ def _read_summarised(kv: PagedKV, copies: Copies, pos, first, end):
     return lo, hi
 
 
-class NumpyFp32Backend:
+class NumpyFp32Backend(HostArrays):
     """The stages in float32 with BLAS, on the CPU; agrees with the reference within the fp32
     tolerance. Its times are CPU times of this path, not GPU kernel times."""
 
     name = "numpy-fp32"
-    is_gpu = False
-    quest_path = "composed"  # quest() is the three stage calls in sequence
 
     def __init__(self) -> None:
         self.fallback_reason: str | None = None
@@ -92,15 +91,6 @@ class NumpyFp32Backend:
         are first read from the tile (fp32_copies.Tiles), the same values, without a cast of
         each."""
         return self.put(host_kv, Tiles(tile, offsets, host_kv))
-
-    def asarray(self, host_array):
-        return np.asarray(host_array)
-
-    def to_host(self, array):
-        return np.asarray(array)
-
-    def synchronize(self) -> None:
-        pass
 
     def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
         ids, first, end = (np.asarray(a, dtype=np.int64) for a in (plan.page_ids, plan.first,
