@@ -49,7 +49,10 @@ namespace qp_instantiate {
 // builds; every other: tile 1 one build (one q head per KV head: the three modes give the same
 // scores), tile 2 with its group a constant, larger tiles with it from the launch, one build for
 // the three modes (MODE -1; backends/variants.py, estimate_template). A mode from the launch
-// cost tile 1 (bf16, D 80 / 96 / 192) a 4-byte spill at its 64 registers.
+// cost tile 1 (bf16, D 80 / 96 / 192) a 4-byte spill at its 64 registers. The largest tile also
+// has a build with its group a constant (exactly 16 q heads per KV head, no chunk loop), which
+// the launcher picks under QP_TUNE est16=exact (backends/variants.py, Tuning).
+constexpr int largest_tile = QP_GROUPS[sizeof(QP_GROUPS) / sizeof(int) - 1];
 struct Estimate {
   template <int T, int TS, int D, int G> static void run() {
     constexpr bool built = builds_head_dim(D) && (TS == T || summary_built(E4M3, TS));
@@ -64,6 +67,8 @@ struct Estimate {
       (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 1, 0, true>;
     if constexpr (built && !measured && G == 2)
       (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 2, -1, true>;
+    if constexpr (built && G == largest_tile)  // a group of exactly 16: QP_TUNE est16=exact
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, true>;
   }
 };
 void estimate_all() { Cross<Estimate>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS>(); }

@@ -181,7 +181,8 @@ def _instances(parts, kernel: str) -> set[tuple]:
 
 def test_instantiated_variants_are_the_constants(objects):
     """The variants CI builds (QP_INSTANTIATE_ALL) are exactly those the launcher may ask for
-    (backends/variants.py over every cache, head dim, group 1-17, mode and page size)."""
+    (backends/variants.py over every cache, head dim, group 1-17, mode, page size and the
+    estimate builds QP_TUNE can pick)."""
     tag, dims, groups = variants.TAGS, variants.HEAD_DIMS, range(1, variants.GROUPS[-1] + 2)
     pairs = {(q, kv) for q, kv, _ in variants.CACHES}
     want = {(tag[q], tag[kv], d, variants.page_template(d, t, s, kv), t)
@@ -190,8 +191,10 @@ def test_instantiated_variants_are_the_constants(objects):
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
     summaries = {(q, summ) for q, _, summ in variants.CACHES}
-    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m))
-            for (q, summ), d, g, m in itertools.product(summaries, dims, groups, range(3))}
+    tunings = [variants.Tuning(est16=e) for e in variants.EST16]  # QP_TUNE's estimate builds
+    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m, t))
+            for (q, summ), d, g, m, t in itertools.product(summaries, dims, groups, range(3),
+                                                           tunings)}
     assert _instances(objects("estimate.cu"), "estimate_kernel") == {
         (*x[:-1], int(x[-1])) for x in want}
     assert _instances(objects("summary.cu"), "summary_kernel") == {

@@ -82,3 +82,66 @@ def test_shape_problems_are_one_line(d, page, needle):
     problem = variants.shape_problem(d, page)
     assert needle in problem and "\n" not in problem
     assert variants.shape_problem(128, 16) is None
+
+
+def _old_splits(rows, row_pages, page_size, tile_tokens, sms=132):
+    """The split rule before QP_TUNE (2 CTAs per SM), kept here as the default's specification."""
+    min_pages = max(1, -(-2 * 4 * tile_tokens // page_size))
+    want = max(1, 2 * sms // rows)
+    per_split = min(512, max(min_pages, -(-row_pages // want)))
+    return -(-row_pages // per_split), per_split
+
+
+@pytest.mark.parametrize("rows,pages,s,tt", [(32, 2048, 16, 16), (8, 2048, 16, 16),
+                                             (4, 2048, 16, 16), (256, 8192, 16, 16),
+                                             (1, 1, 8, 32), (5, 37, 128, 8), (264, 3, 16, 16)])
+def test_default_splits_are_todays(rows, pages, s, tt):
+    default = variants.Tuning()
+    assert variants.attention_splits(rows, pages, s, tt, 512, 132, default) == _old_splits(
+        rows, pages, s, tt)
+    assert variants.parse_tuning("") == default
+
+
+def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():
+    """Qwen2.5-7B 32K B1 (4 rows, 2048 pages): 64 splits of 32 pages by default; a 512 KiB floor
+    halves them. FP8 Llama-3.1-8B (8 rows, 256-byte tokens): 33 splits, 16 with the floor, while
+    the fp16 cache (512-byte tokens) goes from 33 to 32: the floor is in bytes, not tokens."""
+    t = variants.parse_tuning("split=bytes,value=512k")
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132) == (64, 32)
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, t) == (32, 64)
+    assert variants.attention_splits(8, 2048, 16, 32, 256, 132, t) == (16, 128)
+    assert variants.attention_splits(8, 2048, 16, 16, 512, 132, t) == (32, 64)
+    # never more CTAs than the ctas rule, never over ATT_MAX_PAGES pages a split
+    assert variants.attention_splits(256, 8192, 16, 16, 512, 132, t) == (16, 512)
+
+
+def test_split_by_tokens_and_ctas():
+    tokens = variants.parse_tuning("split=tokens, value=2048")
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, tokens) == (16, 128)
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132,
+                                     variants.parse_tuning("split=tokens,value=16")) == (256, 8)
+    one = variants.parse_tuning("ctas=1")
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, one) == (33, 63)
+
+
+@pytest.mark.parametrize("text,needle", [("split=pages", "split='pages'"), ("ctas=0", "ctas"),
+                                         ("split=bytes", "value"), ("est16=fast", "est16"),
+                                         ("stages=3", "expected name=value"),
+                                         ("value=lots", "whole number")])
+def test_bad_tuning_is_one_line(text, needle):
+    with pytest.raises(ValueError, match=needle) as info:
+        variants.parse_tuning(text)
+    assert "\n" not in str(info.value)
+
+
+def test_tuning_is_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv("QP_TUNE", "est16=exact,split=bytes,value=1m")
+    t = variants.current_tuning()
+    assert (t.split, t.value, t.est16) == ("bytes", 1 << 20, "exact") and t.name == (
+        "bytes 1024K, est16 exact")
+    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, True)
+    assert variants.estimate_build("bf16", "bf16", 128, 15, 1) == (16, -1, False)  # masked
+    assert variants.estimate_build("bf16", "bf16", 128, 32, 1) == (16, -1, False)  # chunked
+    monkeypatch.delenv("QP_TUNE")
+    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, False)
+    assert variants.current_tuning().name == "ctas 2"

@@ -29,7 +29,7 @@ _C = constants.load()
 GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
 EST_THREADS = _C["EST_THREADS"]
 TK_THREADS = _C["TK_THREADS"]
-ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
+ATT_WARPS = _C["ATT_WARPS"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 # Why quest() runs estimate and top-K as two kernels by default. H200, us per layer, MHA 32 heads,
 # d 128, page 16 (tests/pipeline_bench.py, one call): estimate_topk 19.4 / 54.7 / 77.5 against
@@ -40,7 +40,6 @@ TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared m
 # estimate_topk's rows up to 8192 pages keep their keys in shared memory: with the 9.3 KiB of
 # static shared memory, 4 blocks of 256 per SM (G 1-2) take 4 x 41.3 KiB of the 227 KiB.
 FUSED_KEYS_LIMIT = 32 * 1024
-CTAS_PER_SM = 2  # attention splits target: the cp.async rings (96 KiB for G <= 4) fit 2 per SM
 # Stages of quest() whose kernels release the next grid right after their own grid_wait; the
 # others let it launch as they end. H200, us per layer (MHA 32K-2048 / 128K-4096 / 32K B8): plain
 # launches 33.2 / 67.6 / 148.5; PDL releasing early in all three 36.0 / 73.5 / 150.9; in top-K
@@ -172,16 +171,6 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
     return scores, sel, count
 
 
-def _splits(rows: int, row_pages: int, page_size: int, tile_tokens: int) -> tuple[int, int]:
-    """(splits, pages per split): about CTAS_PER_SM CTAs per SM, each warp >= 2 tiles."""
-    min_pages = max(1, -(-2 * ATT_WARPS * tile_tokens // page_size))
-    # floor, not ceil: 32 rows x 9 splits = 288 CTAs was 1.09 waves of 264 (2 per SM) and made
-    # dense 32K 195 us on an H200 against 160 us with one wave; 8 splits = 256 CTAs fit in one.
-    want = max(1, CTAS_PER_SM * _sm_count() // rows)
-    per_split = min(ATT_MAX_PAGES, max(min_pages, -(-row_pages // want)))
-    return -(-row_pages // per_split), per_split
-
-
 def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
 
@@ -192,7 +181,9 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
     d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
     rows = kv.batch * kv.kv_heads * plan.chunks
-    splits, per_split = _splits(rows, max(row_pages, 1), s, variants.tile_tokens(d, G, cache))
+    token_bytes = 2 * d * kv.k.dtype.itemsize  # K and V of one token of one KV head
+    splits, per_split = variants.attention_splits(
+        rows, max(row_pages, 1), s, variants.tile_tokens(d, G, cache), token_bytes, _sm_count())
     ring = variants.ring_bytes(d, G, cache)
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)

@@ -6,11 +6,17 @@ past g masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over the largest tile (m
 Falcon-7B's 71) is cut into ceil(g / 16) near-equal chunks, one attention CTA row each.
 Attention's shared memory and tile length follow kernels/attention_tile.cuh (Ring,
 attention_ring_bytes); tests/test_kernels_compile.py compares them with what nvcc computes.
+
+`Tuning` holds the launch choices that need no rebuild by hand (how attention cuts a row into
+splits, which estimate build serves a group of 16), read from the environment variable QP_TUNE
+at each launch, so one process can time several variants side by side (tests/shapes_tuning.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import os
+from dataclasses import dataclass, fields
 
 from questprof.backends import constants
 from questprof.core.fp8 import E4M3
@@ -23,7 +29,7 @@ MEASURED_HEAD_DIMS, MEASURED_GROUPS = _C["QP_MEASURED_HEAD_DIMS"], _C["QP_MEASUR
 MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
 FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
 EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
-ATT_WARPS = _C["ATT_WARPS"]
+ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
 TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
 # (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
@@ -85,16 +91,20 @@ def page_template(d: int, tile: int, page_size: int, kv: str = "fp16") -> int:
     return page_size if fixed else 0
 
 
-def estimate_build(q: str, summary: str, d: int, g: int, mode: int) -> tuple[int, int, bool]:
+def estimate_build(q: str, summary: str, d: int, g: int, mode: int,
+                   tuning: Tuning | None = None) -> tuple[int, int, bool]:
     """(tile G, MODE, EXACT) of estimate_kernel for g q heads per KV head in selection mode
     `mode` (0-2): the measured builds (the group a constant, one per mode); tile 1 its per-head
     build (one q head per KV head: every mode gives the same scores); tile 2 its group a
-    constant, the mode from the launch (-1); larger tiles both from the launch."""
+    constant, the mode from the launch (-1); a group of exactly 16 its group a constant when
+    `tuning.est16` is "exact"; larger tiles both from the launch."""
     tile = plan_group(g).tile
     if q == summary and measured(d, tile) and g == tile:
         return tile, mode, True
     if tile <= 2:
         return tile, 0 if tile == 1 else -1, True
+    if g == tile == GROUPS[-1] and (tuning or current_tuning()).est16 == "exact":
+        return tile, -1, True
     return tile, -1, False
 
 
@@ -131,3 +141,96 @@ def estimate_tiles(d: int, units: int) -> int:
     """Tiles of the estimate's walk over `units` (page, KV head) units: EST_UNROLL batches of one
     unit per row_lanes(d) lanes."""
     return -(-units // (EST_UNROLL * (EST_THREADS // row_lanes(d))))
+
+
+SPLIT_RULES = ("ctas", "bytes", "tokens")
+EST16 = ("loop", "exact")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Launch choices that take no rebuild by hand. QP_TUNE="split=bytes,value=524288,est16=exact"
+    (any subset of the fields, comma-separated name=value); unset: today's defaults.
+
+    split: how attention cuts a row's pages into splits: "ctas" (about `ctas` CTAs per SM over
+    the grid), "bytes" (the ctas rule, but no split shorter than `value` bytes of K and V: fewer,
+    longer splits for few rows and for FP8 caches, whose per-split cost is the same at half the
+    bytes) or "tokens" (splits of `value` tokens). Every rule keeps each warp >= 2 tiles and a
+    split <= ATT_MAX_PAGES pages.
+    est16: the estimate of a group of exactly 16 q heads: "loop" (tile 16 with the group and
+    its chunk loop from the launch) or "exact" (the group a compile-time constant, the loop gone).
+    """
+
+    split: str = "ctas"
+    ctas: int = 2  # the cp.async rings (96 KiB for G <= 4) fit 2 CTAs per SM
+    value: int = 0
+    est16: str = "loop"
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLIT_RULES:
+            raise ValueError(f"QP_TUNE split={self.split!r}: expected one of {SPLIT_RULES}")
+        if self.est16 not in EST16:
+            raise ValueError(f"QP_TUNE est16={self.est16!r}: expected one of {EST16}")
+        if self.ctas < 1 or self.value < 0 or (self.split != "ctas" and self.value < 1):
+            raise ValueError(f"QP_TUNE: ctas must be >= 1 and value >= 1 for split "
+                             f"{self.split!r} (got ctas={self.ctas}, value={self.value})")
+
+    @property
+    def name(self) -> str:
+        """Short label of the choice, e.g. 'bytes 512K, est16 exact'."""
+        split = (f"ctas {self.ctas}" if self.split == "ctas" else
+                 f"{self.split} {_k(self.value)}" + (f" (ctas {self.ctas})"
+                                                     if self.ctas != 2 else ""))
+        return split + ("" if self.est16 == "loop" else f", est16 {self.est16}")
+
+
+def _k(n: int) -> str:
+    return f"{n >> 10}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+@functools.cache
+def parse_tuning(text: str) -> Tuning:
+    """Tuning of a QP_TUNE value ('' = the defaults); ValueError naming a bad item."""
+    ints = {f.name for f in fields(Tuning) if f.type == "int"}
+    kwargs: dict[str, str | int] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        name, eq, value = item.partition("=")
+        name = name.strip()
+        if not eq or name not in {f.name for f in fields(Tuning)}:
+            raise ValueError(f"QP_TUNE item {item!r}: expected name=value with name one of "
+                             f"{tuple(f.name for f in fields(Tuning))}")
+        value = value.strip()
+        try:
+            kwargs[name] = _size(value) if name in ints else value
+        except ValueError:
+            raise ValueError(f"QP_TUNE {name}={value!r}: expected a whole number") from None
+    return Tuning(**kwargs)
+
+
+def _size(text: str) -> int:
+    """'524288', '512k' or '1m' (k = 1024)."""
+    scale = {"k": 1 << 10, "m": 1 << 20}.get(text[-1:].lower(), 1)
+    return int(text[:-1] if scale > 1 else text) * scale
+
+
+def current_tuning() -> Tuning:
+    """The Tuning of QP_TUNE now (read at each launch, parsed once per value)."""
+    return parse_tuning(os.environ.get("QP_TUNE", ""))
+
+
+def attention_splits(rows: int, row_pages: int, page_size: int, tile_tokens: int,
+                     token_bytes: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
+    """(splits, pages per split) of attention rows of row_pages pages; token_bytes: K and V
+    bytes of one token of one KV head. The default (ctas 2): about 2 CTAs per SM, floor not
+    ceil (32 rows x 9 splits = 288 CTAs was 1.09 waves of 264 and made dense 32K 195 us on an
+    H200 against 160 us with one wave; 8 splits = 256 CTAs fit in one)."""
+    t = tuning or current_tuning()
+    min_pages = max(1, -(-2 * ATT_WARPS * tile_tokens // page_size))  # each warp >= 2 tiles
+    want = max(1, t.ctas * sms // rows)
+    per_split = -(-row_pages // want)
+    if t.split == "bytes":
+        per_split = max(per_split, -(-t.value // (page_size * token_bytes)))
+    elif t.split == "tokens":
+        per_split = -(-t.value // page_size)
+    per_split = min(ATT_MAX_PAGES, max(min_pages, per_split))
+    return -(-row_pages // per_split), per_split
