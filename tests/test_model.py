@@ -98,6 +98,34 @@ def test_shared_modes_read_k_pages_per_kv_head(mode):
     assert model.quest_rho(c) == 1 / 8
 
 
+@pytest.mark.parametrize("q_heads,reads", [(16, 1), (17, 2), (32, 2), (71, 5), (128, 8)])
+def test_groups_over_16_read_the_kv_head_once_per_chunk(q_heads, reads):
+    """Attention cuts a group over 16 q heads into ceil(g / 16) chunks, one CTA row each, and
+    each re-reads the KV head's pages: dense and the shared modes count those re-reads; the
+    estimate (one read of a box scores every chunk) and per-head rows (the union) do not."""
+    shape = ModelShape("g", layers=4, q_heads=q_heads, kv_heads=1, head_dim=64, dtype="bf16")
+    assert model.kv_reads(shape) == reads
+    one = ModelShape("g1", layers=4, q_heads=1, kv_heads=1, head_dim=64, dtype="bf16")
+    for mode in ("shared-max", "shared-mean"):
+        c, base = cfg(shape, length=4096 + 3, mode=mode), cfg(one, length=4096 + 3, mode=mode)
+        work, ref = model.stage_work(c), model.stage_work(base)
+        assert work["dense"].read == reads * ref["dense"].read == reads * 2 * 128 * (4096 + 3)
+        assert work["attention"].read == reads * ref["attention"].read
+        assert work["estimate"].read == ref["estimate"].read
+    per_head = model.stage_work(cfg(shape, length=4096 + 3))["attention"]
+    union = model.union_pages_bound(cfg(shape, length=4096 + 3))
+    assert per_head.read == 2 * 128 * ((union - 1) * 16 + 3)  # the union, read once
+
+
+def test_the_chunk_is_the_kernels_largest_tile():
+    from questprof.backends.variants import GROUPS, plan_group
+
+    assert model.GROUP_CHUNK == GROUPS[-1]
+    for g in (1, 16, 17, 71, 128):
+        shape = ModelShape("g", layers=4, q_heads=g, kv_heads=1, head_dim=64, dtype="bf16")
+        assert model.kv_reads(shape) == plan_group(g).chunks
+
+
 def test_per_head_scores_have_one_row_per_q_head():
     work = model.stage_work(cfg(GQA, batch=2))
     assert work["estimate"].write == 32 * 2 * 4096 * 4

@@ -29,6 +29,7 @@ FLOAT_BYTES = 4  # float32 scores and lse
 # (a pool >= 4x L2) longchat-7b 32K on an H200 timed Quest at 57.8 us per layer against
 # 37.9 us under this rule.
 COLD_FACTOR = 8
+GROUP_CHUNK = 16  # the most q heads one attention CTA row serves (QP_GROUPS' largest tile)
 
 
 def pages(length: int, page_size: int) -> int:
@@ -141,10 +142,8 @@ def score_heads(cfg) -> int:
 
 
 def union_pages_bound(cfg) -> int:
-    """Upper bound on pages one KV head reads in per-head mode: min(g(K-1) + 1, P).
-
-    The tail page is in every head's selection, so g heads of K pages share at least it.
-    """
+    """Upper bound on pages one KV head reads in per-head mode: min(g(K-1) + 1, P) (the tail
+    page is in every head's selection, so g heads of K pages share at least it)."""
     p = pages(cfg.length, cfg.page_size)
     k = k_pages(cfg.budget, cfg.page_size, p)
     return min(cfg.model.group * (k - 1) + 1, p)
@@ -162,20 +161,24 @@ def _tokens(pages_read: float, cfg) -> float:
 
 
 def _q_bytes(cfg) -> int:
-    m = cfg.model
-    return cfg.batch * m.q_heads * io_vector_bytes(m)
+    return cfg.batch * cfg.model.q_heads * io_vector_bytes(cfg.model)
+
+
+def kv_reads(shape) -> int:
+    """Times dense (and shared-mode) attention reads a KV head's pages: a group over GROUP_CHUNK
+    q heads runs in ceil(g / GROUP_CHUNK) chunks, a CTA row each, each reading them (71: 5)."""
+    return -(-shape.group // GROUP_CHUNK)
 
 
 def _summary(cfg) -> StageWork:
     """Decode append of one token per request: read its key (and the old min/max unless the
     token opens a fresh page), write the page's min/max; 2d comparisons per KV head. fp16
     summaries of an FP8 cache read k_scale to dequantize; FP8 ones compare codes."""
-    m, b = cfg.model, cfg.batch
-    vec, svec = vector_bytes(m), summary_vector_bytes(m)
+    m, b, vec, svec = cfg.model, cfg.batch, vector_bytes(cfg.model), summary_vector_bytes(cfg.model)
     fresh = last_page_len(cfg.length, cfg.page_size) == 1
     read = b * m.kv_heads * (vec + (0 if fresh else 2 * svec))
-    plan = b * 3 * INDEX_BYTES  # AppendPlan: page id, first, end per request
     scales = scale_bytes(m, 1) if summary_dtype(m) != kv_dtype(m) else 0
+    plan = b * 3 * INDEX_BYTES  # AppendPlan: page id, first, end per request
     return StageWork("summary", read, plan + scales, b * m.kv_heads * 2 * svec,
                      b * m.kv_heads * 2 * m.head_dim)
 
@@ -216,7 +219,8 @@ def _attention(cfg, union_pages: float | None) -> StageWork:
             raise ValueError(f"mean union of {union_pages} pages is outside {k}..{min(m.group * k, p)}")
         else:
             read_pages = float(union_pages)
-    kv = b * m.kv_heads * 2 * vector_bytes(m) * _tokens(read_pages, cfg)
+    reads = 1 if cfg.mode == "per-head" else kv_reads(m)  # per-head: the union of q heads' rows
+    kv = b * m.kv_heads * 2 * vector_bytes(m) * _tokens(read_pages, cfg) * reads
     tables = (2 * hs * b * k + 3 * b + 1) * INDEX_BYTES  # positions, their page ids, indptr/last/count
     tables += scale_bytes(m, 2)
     write = b * m.q_heads * (io_vector_bytes(m) + FLOAT_BYTES)  # out + lse
@@ -226,9 +230,8 @@ def _attention(cfg, union_pages: float | None) -> StageWork:
 
 def _dense(cfg) -> StageWork:
     """Dense paged decode over all L tokens (T_dense): the baseline."""
-    m, b = cfg.model, cfg.batch
-    nnz = b * pages(cfg.length, cfg.page_size)
-    kv = b * m.kv_heads * 2 * vector_bytes(m) * cfg.length
+    m, b, nnz = cfg.model, cfg.batch, cfg.batch * pages(cfg.length, cfg.page_size)
+    kv = b * m.kv_heads * 2 * vector_bytes(m) * cfg.length * kv_reads(m)
     tables = (nnz + 2 * b + 1) * INDEX_BYTES + scale_bytes(m, 2)  # kv_indices, indptr, last
     write = b * m.q_heads * (io_vector_bytes(m) + FLOAT_BYTES)
     return StageWork("dense", kv, _q_bytes(cfg) + tables, write,
@@ -294,9 +297,7 @@ def _hidden(shape) -> int:
 
 def mlp_width(shape) -> int:
     """MLP intermediate size: the shape's, else 8/3 * hidden rounded up to 256 (11008 at 4096)."""
-    if shape.intermediate:
-        return shape.intermediate
-    return -(-(8 * _hidden(shape)) // (3 * 256)) * 256
+    return shape.intermediate or -(-(8 * _hidden(shape)) // (3 * 256)) * 256
 
 
 def weight_params(shape) -> int:
@@ -317,8 +318,7 @@ def weight_bytes(shape, bits: float = 16) -> float:
 def kv_pool_bytes(cfg) -> int:
     """Device bytes of one layer's K, V pools and summaries for the batch ([N, Hkv, S, d] x 2 +
     [N, Hkv, 2, d]), N = B * P: to check a point fits before building it."""
-    m = cfg.model
-    n = cfg.batch * pages(cfg.length, cfg.page_size)
+    m, n = cfg.model, cfg.batch * pages(cfg.length, cfg.page_size)
     return n * m.kv_heads * 2 * (vector_bytes(m) * cfg.page_size + summary_vector_bytes(m))
 
 
