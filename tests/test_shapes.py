@@ -134,3 +134,17 @@ def test_estimate_topk_refuses_other_head_dims(gpu, rng):
     kv, q = _case(rng, 4, 2, 96, 16, "fp16")
     with pytest.raises(ValueError, match="estimate_topk is built for"):
         ops.estimate_topk(gpu.asarray(q), gpu.put(kv), 4)
+
+
+@pytest.mark.parametrize("g", [7, 16])
+@pytest.mark.parametrize("tune", ["est16=exact", "split=bytes,value=64k", "split=tokens,value=128",
+                                  "ctas=1"])
+def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
+    """Every QP_TUNE choice (backends/variants.py, Tuning) gives the reference's outputs: a group
+    of 16 through the group-constant estimate build, rows cut by a floor in bytes or by tokens
+    (splits of 8 pages: the longest row merges 5 partials), one CTA per SM; G 7 on tile 8."""
+    monkeypatch.setenv("QP_TUNE", tune)
+    kv, q = _case(rng, 2 * g, 2, 128, 16, "bf16" if g == 7 else "fp16")
+    _check_dense(gpu, kv, q)
+    for mode in MODES:
+        _check_step(gpu, kv, q, 5, mode)

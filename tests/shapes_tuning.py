@@ -1,0 +1,257 @@
+"""Issue 24's missed shapes under several launch choices, side by side in one process (not a test).
+
+python3 tests/shapes_tuning.py [--repeats N] [--cases qwen,g16,...]: for each case (models of
+scenarios/bench.toml) and each QP_TUNE variant (backends/variants.py, Tuning), first the variant's
+output against the float64 reference (dense attention, and the estimate where the variant picks
+its build) on the same model at batch 1 and min(length, 32K) tokens; a variant that is wrong is
+not timed and says why. Then dense attention and the estimate over the case's cold per-layer
+pools (workload.pools.Workload, measure.timing.time_layers: CUDA-graph replays, the bench's
+protocol), torch SDPA beside them, and the read ceiling measured first in the same process
+(measure.ceilings). Each case runs in its own process, so a fault loses one case. The last thing
+printed is one table: case, stage, variant, splits, us per layer, ratio to the read ceiling,
+dense / SDPA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from questprof.backends import variants  # noqa: E402
+from questprof.core import model  # noqa: E402
+from questprof.core.config import Config, ModelShape  # noqa: E402
+from questprof.core.fp8 import E4M3  # noqa: E402
+
+# (label, bench.toml model, length, batch): the four missed cases and llama3-8b as the reference
+CASES = {
+    "llama3-8b": ("llama3-8b", 32768, 1),
+    "qwen": ("qwen2.5-7b", 32768, 1),
+    "g16": ("llama3.1-405b", 32768, 1),
+    "phi": ("phi-3-mini", 32768, 1),
+    "phi-b8": ("phi-3-mini", 131072, 8),
+    "fp8": ("llama3.1-8b-fp8", 32768, 1),
+}
+# QP_TUNE values of dense attention ('' = today's launch): fewer, longer splits, in CTAs per SM,
+# a floor in bytes per split, or tokens per split
+DENSE = ("", "ctas=1", "split=bytes,value=256k", "split=bytes,value=512k",
+         "split=bytes,value=1m", "split=tokens,value=4096")
+EST16 = ("", "est16=exact")  # the estimate of a group of exactly 16 (tile 16): loop or constant
+CHECK_LENGTH = 32768
+TOL = {"fp16": 1e-3, "bf16": 1e-2}  # the tests' table: ||out - ref|| / ||ref|| against float64
+
+
+def shape(model: str) -> ModelShape:
+    data = tomllib.loads((ROOT / "scenarios" / "bench.toml").read_text(encoding="utf-8"))
+    return ModelShape(name=model, **data["models"][model])
+
+
+def config(model: str, length: int, batch: int) -> Config:
+    """A dense configuration (budget = length: no scores or selections are built)."""
+    return Config(shape(model), length, batch, 16, length, "per-head")
+
+
+def variants_of(m: ModelShape) -> list[tuple[str, str]]:
+    """(stage, QP_TUNE) pairs timed for a model: every dense variant, the estimate as launched
+    today and, for a group of exactly 16, its group-constant build."""
+    est = EST16 if m.group == variants.GROUPS[-1] else ("",)
+    return [("dense", t) for t in DENSE] + [("estimate", t) for t in est]
+
+
+def splits_of(cfg: Config, tune: str, sms: int) -> str:
+    """Splits x pages of dense attention's rows under `tune` (the launcher's own rule)."""
+    m, kv = cfg.model, model.kv_dtype(cfg.model)
+    plan = variants.plan_group(m.group)
+    rows = cfg.batch * m.kv_heads * plan.chunks
+    tt = variants.tile_tokens(m.head_dim, plan.tile, kv)
+    token = 2 * m.head_dim * (1 if kv == E4M3 else 2)
+    n, per = variants.attention_splits(rows, cfg.pages, cfg.page_size, tt, token, sms,
+                                       variants.parse_tuning(tune))
+    return f"{n} x {per}"
+
+
+def check_case(label: str) -> dict[str, str | None]:
+    """'stage|QP_TUNE' -> why that variant is wrong on the case's model at batch 1 and
+    min(length, 32K) - 5 tokens (None: right; 'same launch as X': not run again). Builds every
+    kernel the timing uses, so the checks of all cases can run at once to compile in parallel."""
+    import cupy
+
+    from questprof.backends import get_backend
+    from questprof.core import reference
+    from questprof.core.layout import from_storage, kv_values, summary_values
+    from questprof.workload.pools import Workload
+
+    name, length, batch = CASES[label]
+    cfg, backend = config(name, length, batch), get_backend("cupy")
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    small = Config(cfg.model, min(length, CHECK_LENGTH) - 5, 1, 16, CHECK_LENGTH, "per-head")
+    work = Workload(small, backend, 1)
+    kv, q = work.kvs[0].with_arrays(backend.to_host), backend.to_host(work.q)
+    qf, tables = from_storage(q, cfg.model.dtype), (kv.kv_indptr, kv.kv_indices)
+    want = {mode: reference.estimate(qf, summary_values(kv), *tables, mode)
+            for mode in ("per-head", "shared-max")}
+    want["dense"] = reference.attention(qf, kv_values(kv, "k"), kv_values(kv, "v"), *tables,
+                                        kv.last_page_len)
+
+    def wrong(stage: str) -> str | None:
+        if stage == "estimate":
+            for mode in ("per-head", "shared-max"):
+                got = backend.to_host(backend.estimate(work.q, work.kvs[0], mode))
+                err = _rel(got, want[mode])
+                if not err < 1e-5:
+                    return f"estimate {mode}: relative error {err:.2e} (>= 1e-5)"
+            return None
+        out, lse = (backend.to_host(x) for x in backend.attention(work.q, work.kvs[0]))
+        err, lse_err = _rel(from_storage(out, cfg.model.dtype), want["dense"][0]), _rel(
+            lse, want["dense"][1])
+        if not (err < TOL[cfg.model.dtype] and lse_err < 1e-5):
+            return f"dense: relative error {err:.2e}, lse {lse_err:.2e}"
+        return None
+
+    found, seen = {}, {}
+    for stage, tune in variants_of(cfg.model):
+        os.environ["QP_TUNE"] = tune
+        same = seen.setdefault((stage, splits_of(cfg, tune, sms) if stage == "dense" else tune),
+                               tune or "today")
+        try:
+            found[f"{stage}|{tune}"] = (f"same launch as {same}" if same != (tune or "today")
+                                        else wrong(stage))
+        except Exception as exc:  # a build or launch that fails is that variant's row
+            found[f"{stage}|{tune}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    os.environ["QP_TUNE"] = ""
+    return found
+
+
+def _rel(got, want) -> float:
+    """||got - want|| / ||want|| in float64; inf when got holds a non-finite value."""
+    got = np.asarray(got, dtype=np.float64)
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
+def run_case(label: str, repeats: int, wrong: dict[str, str | None]) -> list[dict]:
+    """Rows of one case: the variants check_case passed, timed; torch SDPA beside."""
+    import cupy
+
+    from questprof.backends import get_backend
+    from questprof.measure.timing import time_layers
+    from questprof.workload.pools import Workload, free_bytes, l2_bytes, release
+
+    name, length, batch = CASES[label]
+    cfg, backend = config(name, length, batch), get_backend("cupy")
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    layers = model.cold_layers(cfg, l2_bytes(), 0.4 * (free_bytes(backend) or 0))
+    work, works, rows = Workload(cfg, backend, layers), model.stage_work(cfg), []
+    for stage, tune in variants_of(cfg.model):
+        os.environ["QP_TUNE"] = tune
+        row = {"case": label, "stage": stage, "variant": tune or "today",
+               "splits": splits_of(cfg, tune, sms) if stage == "dense" else "",
+               "bytes": works[stage].total_read,
+               "wrong": wrong.get(f"{stage}|{tune}", "not checked")}
+        if row["wrong"] is None:
+            t = time_layers(backend, work.launcher(stage), layers, 3, repeats, graph=True)
+            row["us"] = t.median * 1e3
+        rows.append(row)
+    os.environ["QP_TUNE"] = ""
+    try:
+        t = time_layers(backend, work.launcher("torch-sdpa"), layers, 3, repeats, graph=True,
+                        uses_torch=True)
+        rows.append({"case": label, "stage": "dense", "variant": "torch SDPA", "splits": "",
+                     "bytes": works["dense"].total_read * (2 if cfg.model.is_fp8 else 1),
+                     "wrong": None, "us": t.median * 1e3})
+    except Exception as exc:  # no torch: the rows say so
+        rows.append({"case": label, "stage": "dense", "variant": "torch SDPA", "splits": "",
+                     "bytes": 0, "wrong": f"not timed: {type(exc).__name__}: {exc}"[:200]})
+    del work
+    release(backend)
+    return rows
+
+
+def table(rows: list[dict], ceiling: float) -> list[str]:
+    """The markdown table: us, ratio to the read ceiling, dense / SDPA of the same case."""
+    sdpa = {r["case"]: r.get("us") for r in rows if r["variant"] == "torch SDPA"}
+    lines = [f"us per layer, median of CUDA-graph replays; ratio = bytes / time / read ceiling "
+             f"({ceiling:.0f} GB/s); vs SDPA = ours / torch SDPA (FP8: against the 16-bit cache)",
+             "| case | stage | variant | splits x pages | us | ratio | vs SDPA |",
+             "|---|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        if r.get("us") is None:
+            lines.append(f"| {r['case']} | {r['stage']} | {r['variant']} | {r['splits']} | "
+                         f"- | - | {r['wrong']} |")
+            continue
+        ratio = r["bytes"] / (r["us"] * 1e-6) / (ceiling * 1e9) if ceiling else float("nan")
+        vs = (f"{r['us'] / sdpa[r['case']]:.2f}" if r["stage"] == "dense" and
+              sdpa.get(r["case"]) and r["variant"] != "torch SDPA" else "")
+        lines.append(f"| {r['case']} | {r['stage']} | {r['variant']} | {r['splits']} | "
+                     f"{r['us']:.1f} | {ratio:.2f} | {vs} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma-separated labels")
+    parser.add_argument("--case", help="time one case, print its rows as JSON (internal)")
+    parser.add_argument("--check", help="check one case, print its verdicts as JSON (internal)")
+    parser.add_argument("--wrong", default="{}", help="--check's verdicts (internal)")
+    args = parser.parse_args()
+    if args.check:
+        print(json.dumps(check_case(args.check)))
+        return
+    if args.case:
+        print(json.dumps(run_case(args.case, args.repeats, json.loads(args.wrong))))
+        return
+    from questprof.backends import get_backend
+    from questprof.measure.ceilings import measure_ceilings
+
+    from questprof.workload.pools import release
+
+    backend = get_backend("cupy")
+    ceiling = measure_ceilings(backend)["read_gbs"]
+    release(backend)  # the cases' processes get the memory
+    print(f"read ceiling {ceiling:.0f} GB/s", flush=True)
+    labels, start = args.cases.split(","), time.time()
+    checks = {label: subprocess.Popen([sys.executable, __file__, "--check", label],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for label in labels}  # all at once: the kernels compile in parallel
+    verdicts = {}
+    for label, proc in checks.items():  # every check ends before any timing starts
+        out, err = proc.communicate()
+        if proc.returncode:
+            print(f"case {label}: the check failed:\n{err[-3000:]}", flush=True)
+            continue
+        verdicts[label] = out.strip().splitlines()[-1]
+        print(f"case {label} checked at {time.time() - start:.0f} s: {verdicts[label]}",
+              flush=True)
+    rows = []
+    for label, wrong in verdicts.items():
+        done = subprocess.run([sys.executable, __file__, "--case", label, "--repeats",
+                               str(args.repeats), "--wrong", wrong], capture_output=True,
+                              text=True)
+        if done.returncode:
+            print(f"case {label} failed:\n{done.stderr[-3000:]}", flush=True)
+            continue
+        rows += json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"case {label} timed at {time.time() - start:.0f} s", flush=True)
+    fp8 = [r.get("us") for r in rows if r["case"] == "fp8" and r["variant"] != "torch SDPA"
+           and r["stage"] == "dense" and r.get("us")]
+    ref = [r.get("us") for r in rows if r["case"] == "llama3-8b" and r["variant"] == "today"
+           and r["stage"] == "dense" and r.get("us")]
+    if fp8 and ref:
+        print(f"FP8 dense / llama3-8b fp16 dense (goal <= 0.55): best {min(fp8) / ref[0]:.2f}")
+    print("\n".join(table(rows, ceiling)))
+
+
+if __name__ == "__main__":
+    main()
