@@ -145,3 +145,25 @@ def test_tuning_is_read_from_the_environment(monkeypatch):
     monkeypatch.delenv("QP_TUNE")
     assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, False)
     assert variants.current_tuning().name == "ctas 2"
+
+
+def test_the_shapes_example_is_every_named_model_in_both_caches():
+    """scenarios/shapes.toml (the bench file of the shapes example) holds each named scenario's
+    shape as `sweep --scenario NAME [--kv-dtype fp8]` takes it (tp shares included), at 8k, 32k,
+    128k, batch 1 and 8, page 16, budget 2048, and every one runs on built kernels."""
+    from questprof import SCENARIOS_DIR
+    from questprof.commands.bench import load_bench
+    from questprof.core.scenarios import ShapeOptions, load_scenario
+
+    cases, _ = load_bench(SCENARIOS_DIR / "shapes.toml")
+    assert len(cases) == 10 * 2 * 3 * 2
+    for cfg in cases:
+        name, fp8 = cfg.model.name.removesuffix("-fp8"), cfg.model.name.endswith("-fp8")
+        want = load_scenario(name, ShapeOptions(kv_dtype="fp8" if fp8 else None)).model
+        got = cfg.model
+        assert (got.q_heads, got.kv_heads, got.head_dim, got.dtype, got.tp, got.is_fp8) == (
+            want.q_heads, want.kv_heads, want.head_dim, want.dtype, want.tp, want.is_fp8)
+        assert variants.shape_problem(got.head_dim, cfg.page_size) is None
+        assert (cfg.page_size, cfg.budget, cfg.mode) == (16, 2048, "per-head")
+    assert {(c.length, c.batch) for c in cases} == {(n, b) for n in (8192, 32768, 131072)
+                                                    for b in (1, 8)}
