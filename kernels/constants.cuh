@@ -28,6 +28,12 @@ constexpr int QP_MEASURED_PAGE_SIZES[] = {8, 16, 32, 64};
 // dims only: each build inlines a whole top-K, and the other head dims would add 6 minutes of
 // nvcc to CI. quest(fused=False) runs every head dim.
 constexpr int QP_FUSED_HEAD_DIMS[] = {64, 128};
+// Boxes per page of the summary and estimate (1: Quest; 2 and 4: quest-boxes:c, c boxes of S / c
+// consecutive tokens each). A page's boxes are scored by consecutive lane groups of one warp, so
+// c boxes are built where c x row_lanes(D) <= 32 (boxes_built), for these head dims only (each
+// box count adds 10 estimate builds per head dim to CI): c 2 and 4 at D 64, c 2 at D 128.
+constexpr int QP_BOXES[] = {1, 2, 4};
+constexpr int QP_BOX_HEAD_DIMS[] = {64, 128};
 
 // estimate.cu. 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
 // flight per thread, 64-128 KB per SM, while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per
@@ -64,6 +70,14 @@ __host__ __device__ constexpr bool qp_contains(const int (&table)[N], int value)
   for (int i = 0; i < N; ++i)
     if (table[i] == value) return true;
   return false;
+}
+
+// c boxes per page built for head dim d (QP_BOXES, QP_BOX_HEAD_DIMS; c 1 everywhere).
+__host__ __device__ constexpr bool boxes_built(int d, int c) {
+  int lanes = 1;
+  while (lanes < d / 8) lanes *= 2;  // row_lanes (common.cuh), which includes this file
+  return c == 1 || (qp_contains(QP_BOXES, c) && qp_contains(QP_BOX_HEAD_DIMS, d) &&
+                    lanes * c <= 32);
 }
 
 // An attention variant timed on the H200 (QP_MEASURED_*).

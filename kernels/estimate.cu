@@ -24,53 +24,60 @@
 // groups masked, larger ones chunked. Two builds rather than a branch in one: together they need
 // more registers than EST_BLOCKS_PER_SM allows (tile 4, shared-max, bf16 spilled 12 bytes at 80).
 // MODE -1: one build for the three modes, the mode from the launch (every build but the measured
-// ones). TS: the summaries' storage, T's own or, over an FP8 cache, fp16 or E4M3 (k_scale [Hkv]
-// then scales the scores; nullptr otherwise).
-template <typename T, typename TS, int D, int G, int MODE, bool EXACT>
+// ones). TS: the summaries' storage, T's own or E4M3 (over an FP8 cache, or quest-fp8's over a
+// 16-bit one: k_scale [Hkv] then scales the scores; nullptr otherwise), or fp16 over an FP8
+// cache. BOXES > 1 (quest-boxes:c): summaries [N, Hkv, BOXES, 2, d], one unit per box, each
+// score the largest of the page's boxes that hold keys (last_page_len, box_tokens = S / BOXES).
+template <typename T, typename TS, int D, int G, int MODE, bool EXACT, int BOXES>
 __global__ void __launch_bounds__(EST_THREADS, EST_BLOCKS_PER_SM[group_index(G)])
 estimate_kernel(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                 const int* __restrict__ indptr, const int* __restrict__ indices,
                 float* __restrict__ scores, int batch, int kv_heads, int nnz, int group, int mode,
-                const float* __restrict__ k_scale) {
+                const float* __restrict__ k_scale, const int* __restrict__ last_page_len,
+                int box_tokens) {
   grid_wait();     // the grid before may still write q or the summaries (RoPE, summary append)
   grid_release();  // empty in quest()'s build (releasing in all 3 stages: 32.0 -> 36.0 us)
   constexpr int TILE = est_tile_units<D>();
-  const EstimateArgs args{group, mode, k_scale};
-  estimate_tiles<T, TS, D, G, MODE, false, EXACT>(q, summ, indptr, indices, scores, batch,
-                                                  kv_heads, nnz, args, blockIdx.x, gridDim.x,
-                                                  (nnz * kv_heads + TILE - 1) / TILE);
+  const EstimateArgs args{group, mode, k_scale, last_page_len, box_tokens};
+  estimate_tiles<T, TS, D, G, MODE, false, EXACT, EST_THREADS, BOXES>(
+      q, summ, indptr, indices, scores, batch, kv_heads * BOXES, nnz, args, blockIdx.x,
+      gridDim.x, (nnz * kv_heads * BOXES + TILE - 1) / TILE);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
 #include "instantiate.cuh"
 namespace qp_instantiate {
-// Summaries of a query type (T, TS): fp16 / bf16 over their own cache, or over an FP8 one fp16
-// or E4M3 (summary_built). The measured variants: the group and the mode constants, three
-// builds; every other: tile 1 one build (one q head per KV head: the three modes give the same
-// scores), tile 2 with its group a constant, larger tiles with it from the launch, one build for
-// the three modes (MODE -1; backends/variants.py, estimate_template). A mode from the launch
-// cost tile 1 (bf16, D 80 / 96 / 192) a 4-byte spill at its 64 registers. The largest tile also
-// has a build with its group a constant (exactly 16 q heads per KV head, no chunk loop), which
-// the launcher picks under QP_TUNE est16=exact (backends/variants.py, Tuning).
+// Summaries of a query type (T, TS): fp16 / bf16 over their own cache, or E4M3 (over an FP8 cache,
+// or quest-fp8's over a 16-bit one), or fp16 over an FP8 one (summary_built). The measured
+// variants: the group and the mode constants, three builds; every other: tile 1 one build (one q
+// head per KV head: the three modes give the same scores), tile 2 with its group a constant,
+// larger tiles with it from the launch, one build for the three modes (MODE -1;
+// backends/variants.py, estimate_build). A mode from the launch cost tile 1 (bf16, D 80 / 96 /
+// 192) a 4-byte spill at its 64 registers. Boxes (C > 1): T's own summaries, the general builds.
+// The largest tile also has a build with its group a constant (exactly 16 q heads per KV head,
+// no chunk loop: backends/variants.py).
 constexpr int largest_tile = QP_GROUPS[sizeof(QP_GROUPS) / sizeof(int) - 1];
 struct Estimate {
-  template <int T, int TS, int D, int G> static void run() {
-    constexpr bool built = builds_head_dim(D) && (TS == T || summary_built(E4M3, TS));
-    constexpr bool measured = T == TS && measured_variant(D, G);
+  template <int T, int TS, int D, int G, int C> static void run() {
+    constexpr bool built = builds_head_dim(D) &&
+        (C == 1 ? TS == T || summary_built(E4M3, TS) : TS == T && boxes_built(D, C));
+    constexpr bool measured = C == 1 && T == TS && measured_variant(D, G);
     if constexpr (built && measured) {
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 0, true>;
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 1, true>;
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 2, true>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 0, true, 1>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 1, true, 1>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, 2, true, 1>;
     }
-    if constexpr (built && G > 2) (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, false>;
+    if constexpr (built && G > 2) (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, false, C>;
     if constexpr (built && !measured && G == 1)
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 1, 0, true>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 1, 0, true, C>;
     if constexpr (built && !measured && G == 2)
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 2, -1, true>;
-    if constexpr (built && G == largest_tile)  // a group of exactly 16: QP_TUNE est16=exact
-      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, true>;
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, 2, -1, true, C>;
+    if constexpr (built && C == 1 && G == largest_tile)  // a group of exactly 16 (est16)
+      (void)&estimate_kernel<Tag<T>, Tag<TS>, D, G, -1, true, 1>;
   }
 };
-void estimate_all() { Cross<Estimate>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS>(); }
+void estimate_all() {
+  Cross<Estimate>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_BOXES>();
+}
 }  // namespace qp_instantiate
 #endif

@@ -120,17 +120,40 @@ QP_DEVICE void score_heads(const uint16_t* __restrict__ q, const Box<TS>& box, i
 }
 
 // The launch's arguments beyond the page tables: the group, the mode when MODE is -1, and
-// k_scale [Hkv] for E4M3 summaries.
+// k_scale [Hkv] for E4M3 summaries (an FP8 cache's, or the summaries' own scale over a 16-bit
+// cache: quest-fp8); with BOXES > 1 boxes per page, last_page_len [B] and the tokens of a box.
 struct EstimateArgs {
   int group, mode;
   const float* k_scale;
+  const int* last_page_len = nullptr;
+  int box_tokens = 0;
 };
+
+// BOXES boxes of one page are units of consecutive lane groups (the walk's heads are KV head x
+// BOXES + box, and tiles and batches hold whole multiples of BOXES units), all in one warp
+// (row_lanes(D) x BOXES <= 32, boxes_built): the page's bound is their largest, by shuffles.
+template <int LANES, int BOXES>
+QP_DEVICE float box_max(float x) {
+#pragma unroll
+  for (int o = LANES; o < LANES * BOXES; o <<= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// Whether box `box` of CSR entry i holds a key: every box of a full page; of the request's tail
+// page, those that start before its last_page_len tokens (an empty box bounds nothing).
+template <int BOXES>
+QP_DEVICE bool box_holds_keys(const int* __restrict__ indptr, const EstimateArgs& args, int b,
+                              int i, int box) {
+  if (BOXES == 1 || box == 0 || __ldg(indptr + b + 1) != i + 1) return true;
+  return box * args.box_tokens < __ldg(args.last_page_len + b);
+}
 
 // Units past the end still shuffle (full-warp masks) but write nothing. A group larger than the
 // largest tile (over 16 q heads, multi-query) is scored in chunks of G heads from the box in
 // registers, so the box is still read once; smaller tiles take one pass. EXACT: group == G.
-// MODE -1: the mode from the launch.
-template <typename T, typename TS, int D, int G, int MODE, bool EXACT, class W>
+// MODE -1: the mode from the launch. BOXES > 1: the walk's head h is KV head h / BOXES, box
+// h % BOXES; each q head's score is the largest over the page's boxes before the mode reduces.
+template <typename T, typename TS, int D, int G, int MODE, bool EXACT, int BOXES, class W>
 QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict__ indptr,
                            float* __restrict__ scores, int batch, const W& walk, Stride within,
                            const Box<TS> box[EST_UNROLL], Unit u, int c, Request& req,
@@ -144,19 +167,26 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
     if (valid) req.seek(indptr, batch, u.i);
     // Units past the end still score (full-warp shuffles): head-major ones can have h >= Hkv,
     // so they read q's head 0 instead of past its end (grid-stride ones keep h < Hkv).
-    const int h = W::head_major && !valid ? 0 : u.h;
+    const int hv = W::head_major && !valid ? 0 : u.h, h = hv / BOXES, slot = hv % BOXES;
+    const bool keys = !valid || box_holds_keys<BOXES>(indptr, args, req.b, u.i, slot);
     const float unit = is_e4m3<TS> ? __ldg(args.k_scale + h) * E4M3_UNIT : 1.f;
     float v = 0.f;  // shared modes: max or sum over the group so far
     for (int h0 = 0; h0 < (CHUNKED ? g : 1); h0 += G) {  // chunks of G heads (the largest tile)
       const int nq = CHUNKED ? min(G, g - h0) : g;
       float s[G];
-      score_heads<T, TS, D, G, EXACT>(q, box[r], (req.b * walk.kv_heads + h) * g + h0, c, nq,
-                                      unit, s);
+      score_heads<T, TS, D, G, EXACT>(q, box[r], (req.b * (walk.kv_heads / BOXES) + h) * g + h0,
+                                      c, nq, unit, s);
+      if constexpr (BOXES > 1) {
+#pragma unroll
+        for (int t = 0; t < G; ++t)
+          if (head_in_tile<EXACT>(t, nq))
+            s[t] = box_max<LANES, BOXES>(keys ? s[t] : -__int_as_float(0x7f800000));
+      }
       if (mode == PER_HEAD) {
 #pragma unroll
         for (int t = 0; t < G; ++t)
-          if (valid && head_in_tile<EXACT>(t, nq) && c == t % LANES)
-            scores[(size_t)(u.h * g + h0 + t) * walk.nnz + u.i] = s[t];
+          if (valid && slot == 0 && head_in_tile<EXACT>(t, nq) && c == t % LANES)
+            scores[(size_t)(h * g + h0 + t) * walk.nnz + u.i] = s[t];
       } else {
 #pragma unroll
         for (int t = 0; t < G; ++t)
@@ -164,8 +194,8 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
             v = h0 + t == 0 ? s[t] : mode == SHARED_MAX ? fmaxf(v, s[t]) : v + s[t];
       }
     }
-    if (mode != PER_HEAD && valid && c == 0)
-      scores[(size_t)u.h * walk.nnz + u.i] = mode == SHARED_MEAN ? v / g : v;
+    if (mode != PER_HEAD && valid && slot == 0 && c == 0)
+      scores[(size_t)h * walk.nnz + u.i] = mode == SHARED_MEAN ? v / g : v;
   }
 }
 
@@ -179,13 +209,16 @@ __host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / r
 // consecutive tiles (step 1), so that each block's units fall in one or two rows. EXACT: the
 // group is the tile G, a constant (the code of the G 1, 2, 4, 8 builds timed on the H200);
 // otherwise the group comes from the launch (a smaller group masked, a larger one chunked).
+// BOXES > 1 (grid-stride walks only): kv_heads counts KV heads x BOXES, one unit per box.
 template <typename T, typename TS, int D, int G, int MODE, bool HEAD_MAJOR, bool EXACT,
-          int NT = EST_THREADS>
+          int NT = EST_THREADS, int BOXES = 1>
 QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                               const int* __restrict__ indptr, const int* __restrict__ indices,
                               float* __restrict__ scores, int batch, int kv_heads, int nnz,
                               const EstimateArgs& args, int first, int step, int end) {
   constexpr int LANES = row_lanes(D), GROUPS = NT / LANES, TILE = est_tile_units<D, NT>();
+  static_assert(BOXES == 1 || (!HEAD_MAJOR && LANES * BOXES <= 32 && GROUPS % BOXES == 0),
+                "a page's boxes must be units of one warp (boxes_built)");
   const int c = threadIdx.x % LANES;
   const Walk<HEAD_MAJOR> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
   const Stride within = walk.stride(GROUPS), across = walk.stride(step * TILE);
@@ -202,8 +235,8 @@ QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const word_t<TS>* 
   auto advance = [&](const Box<TS> (&cur)[EST_UNROLL], Box<TS> (&nxt)[EST_UNROLL]) {
     load_boxes<TS, D>(summ, walk, within, page, ahead, c, nxt);
     load_pages(indices, walk, within, ahead2, page);
-    score_batch<T, TS, D, G, MODE, EXACT>(q, indptr, scores, batch, walk, within, cur, now, c,
-                                          req, args);
+    score_batch<T, TS, D, G, MODE, EXACT, BOXES>(q, indptr, scores, batch, walk, within, cur,
+                                                 now, c, req, args);
     now = ahead;
     ahead = ahead2;
     ahead2 = walk.next(ahead2, across);

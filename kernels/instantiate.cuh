@@ -32,6 +32,9 @@ constexpr bool summary_built(int kv, int summ) {
   return kv == E4M3 ? summ == E4M3 || summ == FP16 : summ == kv;
 }
 
+// quest-fp8: E4M3 summaries (rounded outward, a scale per KV head) over an fp16 / bf16 cache.
+constexpr bool fp8_selector(int kv, int summ) { return kv != E4M3 && summ == E4M3; }
+
 constexpr bool builds_head_dim(int d) {
   return QP_INSTANTIATE_HEAD_DIM == 0 || d == QP_INSTANTIATE_HEAD_DIM;
 }

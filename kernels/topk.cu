@@ -14,14 +14,18 @@
 // Bins over the row's own range spread the keys, so plain shared atomics do: fixed 8-bit digits
 // from the top of the key needed 4 passes and warp-aggregated atomics (scores share their top
 // bits), 16.9 us against 9.0-9.6 us now for 8192 pages x 32 heads on an H200 (notes/KERNELS.md).
-// The device code is in topk.cuh, shared with estimate_topk.cu.
+// The device code is in topk.cuh, shared with estimate_topk.cu. Dynamic budgets (quest-gap,
+// quest-topp) select K_max pages so, then keep a data-dependent count of them per row
+// (dynamic_select in topk.cuh).
 #include "topk.cuh"
 
-// grid (B, Hs); dynamic shared memory = pages * 4 bytes when `cached`, else 0.
+// grid (B, Hs); dynamic shared memory = pages * 4 bytes when `cached`, at least k_pages * 16
+// for a dynamic budget (rule, DynamicRule in topk.cuh): count is then [Hs, B], one per row, else
+// [B].
 extern "C" __global__ void __launch_bounds__(TK_THREADS)
 topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
             int* __restrict__ sel, int* __restrict__ count, int batch, int nnz, int k_pages,
-            int sinks, int window, int cached) {
+            int sinks, int window, int cached, int rule, double param, double scaling) {
   extern __shared__ uint4 dyn[];  // uint4: the compaction reads keys 16 bytes at a time
   __shared__ TopkShared sh;
   const int b = blockIdx.x, h = blockIdx.y;
@@ -30,8 +34,13 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
   // path, since that grid may still have been writing them when this one started.
   grid_wait();
   grid_release();  // attention's CTAs load q and their row plan on the free SMs meanwhile
-  if (h == 0 && threadIdx.x == 0) count[b] = min(k_pages, pages);
-  select_row<TK_THREADS>(scores + (size_t)h * nnz + start,
-                         cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages,
-                         sinks, window, sel + ((size_t)h * batch + b) * k_pages, sh);
+  if (rule == RULE_FIXED && h == 0 && threadIdx.x == 0) count[b] = min(k_pages, pages);
+  const float* row = scores + (size_t)h * nnz + start;
+  int* out = sel + ((size_t)h * batch + b) * k_pages;
+  select_row<TK_THREADS>(row, cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages,
+                         sinks, window, out, sh);
+  if (rule == RULE_FIXED) return;
+  const int n = dynamic_select<TK_THREADS>(row, pages, k_pages, {rule, param, scaling}, out, dyn,
+                                           sh);
+  if (threadIdx.x == 0) count[(size_t)h * batch + b] = n;
 }

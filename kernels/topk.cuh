@@ -190,3 +190,123 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
   }
   compact<NT>(row, lo, hi, rem, out, sh.warp_sums);
 }
+
+// Dynamic budgets (quest-gap:t, quest-topp:p; core/selection.py gap, top_p): after select_row has
+// chosen K_max = k_pages pages, keep the tail page and the first n of the other chosen ones in
+// bound order (score descending, ties to the lower position, as reference.topk ranks them).
+// gap: n = the first r + 1 where (U_(r) - U_(r+1)) x scaling > t, else all of them; top-p: the
+// fewest n whose softmax mass over the row's bounds (x scaling), the tail's included, reaches p.
+// Arithmetic in double, as the NumPy reference: the gap is bit for bit its own.
+enum { RULE_FIXED = 0, RULE_GAP = 1, RULE_TOP_P = 2 };
+struct DynamicRule {
+  int rule;
+  double param, scaling;
+};
+
+// Sum of x over the CTA (every thread gets it); red: 32 doubles of shared memory.
+template <int NT>
+QP_DEVICE double block_sum_f64(double x, double* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  __syncthreads();  // red may still be read by the previous call
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = x;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < NT / 32; ++w) total += red[w];
+  return total;
+}
+
+// Exclusive prefix sum of x over the CTA in thread order; red: 32 doubles of shared memory.
+template <int NT>
+QP_DEVICE double block_exclusive_scan_f64(double x, double* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  double incl = x;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const double y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  double excl = __shfl_up_sync(0xffffffffu, incl, 1);
+  if (lane == 0) excl = 0.0;
+  __syncthreads();
+  if (lane == 31) red[warp] = incl;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) excl += red[w];
+  return excl;
+}
+
+// Non-tail pages n that the rule keeps of `rest` chosen ones whose scores in rank order are
+// sval[0, rest) (shared memory); every thread returns it. The row's tail page scores u_tail.
+template <int NT>
+QP_DEVICE int rule_pages(const float* scores, int pages, int rest, const float* sval,
+                         float u_tail, const DynamicRule& rule, uint32_t* state, double* red) {
+  const double s = rule.scaling;
+  if (threadIdx.x == 0) *state = rest;
+  __syncthreads();
+  if (rule.rule == RULE_GAP) {
+    for (int r = threadIdx.x; r + 1 < rest; r += NT)
+      if ((double)sval[r] * s - (double)sval[r + 1] * s > rule.param) atomicMin(state, r + 1u);
+    __syncthreads();
+    return *state;
+  }
+  const double top = fmax((double)sval[0], (double)u_tail);  // rank 0: the largest non-tail
+  double z = 0.0;
+  for (int p = threadIdx.x; p < pages; p += NT) z += exp(((double)__ldcg(scores + p) - top) * s);
+  z = block_sum_f64<NT>(z, red);
+  // Ranks [r0, r1) per thread, in order: cum_j = w_tail + sum_{r < j} w_r, n = #{j : cum_j < p}.
+  const int per = (rest + NT - 1) / NT, r0 = min(rest, threadIdx.x * per), r1 = min(rest, r0 + per);
+  double mine = 0.0;
+  for (int r = r0; r < r1; ++r) mine += exp(((double)sval[r] - top) * s) / z;
+  double cum = exp(((double)u_tail - top) * s) / z + block_exclusive_scan_f64<NT>(mine, red);
+  if (threadIdx.x == 0) *state = 0;
+  __syncthreads();
+  uint32_t below = 0;
+  for (int r = r0; r < r1; ++r) {
+    below += cum < rule.param;
+    cum += exp(((double)sval[r] - top) * s) / z;
+  }
+  if (below) atomicAdd(state, below);
+  __syncthreads();
+  return *state;
+}
+
+// After select_row (out[0, chosen) ascending, the tail page last): rewrite out[0, K) with the
+// pages the rule keeps, ascending, -1 padded; returns their count (every thread). smem: 16 bytes
+// per page of k_pages (keys, positions, ranks, scores by rank), the row's keys no longer needed.
+template <int NT>
+QP_DEVICE int dynamic_select(const float* scores, int pages, int k_pages, const DynamicRule& rule,
+                             int* __restrict__ out, void* smem, TopkShared& sh) {
+  __shared__ double red[32];
+  const int chosen = min(k_pages, pages), rest = chosen - 1;
+  if (rest <= 0) return chosen;  // the tail page alone, or no page
+  uint32_t* key = reinterpret_cast<uint32_t*>(smem);
+  int* pos = reinterpret_cast<int*>(key + k_pages);
+  int* rank = pos + k_pages;
+  float* sval = reinterpret_cast<float*>(rank + k_pages);
+  __syncthreads();  // select_row's writes of out (and reads of its keys) are done
+  for (int j = threadIdx.x; j < rest; j += NT) {
+    pos[j] = out[j];
+    key[j] = order_key(__ldcg(scores + pos[j]));
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < rest; j += NT) {  // O(rest^2 / NT): 1 pass at K 256
+    uint32_t r = 0;
+    const uint32_t kj = key[j];
+    for (int i = 0; i < rest; ++i) r += key[i] > kj || (key[i] == kj && i < j);
+    rank[j] = r;
+    sval[r] = __ldcg(scores + pos[j]);
+  }
+  __syncthreads();
+  const int n = rule_pages<NT>(scores, pages, rest, sval, __ldcg(scores + pages - 1), rule,
+                               sh.state, red);
+  // Compact the kept pages in position order: thread t owns positions [t * per, (t + 1) * per).
+  const int per = (rest + NT - 1) / NT, j0 = min(rest, (int)threadIdx.x * per);
+  const int j1 = min(rest, j0 + per);
+  uint32_t kept = 0, total;
+  for (int j = j0; j < j1; ++j) kept += rank[j] < n;
+  uint32_t slot = block_exclusive_scan<NT>(kept, &total, sh.warp_sums);
+  for (int j = j0; j < j1; ++j)
+    if (rank[j] < n) out[slot++] = pos[j];
+  for (int j = n + threadIdx.x; j < chosen; j += NT) out[j] = j == n ? pages - 1 : -1;
+  return n + 1;
+}

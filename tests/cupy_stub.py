@@ -15,6 +15,9 @@ def make() -> types.ModuleType:
     cupy.ndarray, cupy.asarray, cupy.asnumpy = np.ndarray, np.asarray, np.asarray
     cupy.empty, cupy.zeros, cupy.ascontiguousarray = np.empty, np.zeros, np.ascontiguousarray
     cupy.float32, cupy.int32 = np.float32, np.int32
+    cupy.full, cupy.where = np.full, np.where
+    cupy.float16, cupy.float64, cupy.uint16, cupy.uint32 = (np.float16, np.float64, np.uint16,
+                                                            np.uint32)
     cupy.LAUNCHES = []
 
     class RawKernel:

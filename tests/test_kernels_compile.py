@@ -191,14 +191,22 @@ def test_instantiated_variants_are_the_constants(objects):
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
     summaries = {(q, summ) for q, _, summ in variants.CACHES}
+    boxed = [(q, c) for q, c in itertools.product(("fp16", "bf16"), variants.BOXES) if c > 1]
     tunings = [variants.Tuning(est16=e) for e in variants.EST16]  # QP_TUNE's estimate builds
-    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m, t))
+    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m, 1, t), 1)
             for (q, summ), d, g, m, t in itertools.product(summaries, dims, groups, range(3),
                                                            tunings)}
+    want |= {(tag[q], tag[q], d, *variants.estimate_build(q, q, d, g, m, c), c)
+             for (q, c), d, g, m in itertools.product(boxed, dims, groups, range(3))
+             if variants.boxes_built(d, c)}
+    assert {x[-1] for x in want} == set(variants.BOXES)
     assert _instances(objects("estimate.cu"), "estimate_kernel") == {
-        (*x[:-1], int(x[-1])) for x in want}
-    assert _instances(objects("summary.cu"), "summary_kernel") == {
-        (tag[kv], tag[summ], d) for (_, kv, summ), d in itertools.product(variants.CACHES, dims)}
+        (*x[:-2], int(x[-2]), x[-1]) for x in want}
+    caches = variants.CACHES + variants.FP8_SUMMARY_CACHES
+    want = {(tag[kv], tag[summ], d, 1) for (_, kv, summ), d in itertools.product(caches, dims)}
+    want |= {(tag[q], tag[q], d, c) for (q, c), d in itertools.product(boxed, dims)
+             if variants.boxes_built(d, c)}
+    assert _instances(objects("summary.cu"), "summary_kernel") == want
     want = set(itertools.product(("fp16", "bf16"), variants.FUSED_HEAD_DIMS, variants.GROUPS,
                                  (0, 1, 2)))
     assert _instances(objects("estimate_topk.cu"), "estimate_topk_kernel") == want
@@ -263,17 +271,21 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
     import cupy_stub
     from conftest import full_plan
     from questprof.core.layout import random_paged_kv, random_queries
+    from questprof.core.selectors import KernelForm
 
     sigs = {}
     for source in ("attention.cu", "estimate.cu", "estimate_topk.cu", "summary.cu"):
         sigs.update(_signatures(objects(source)))
     topk_src = (KERNELS_DIR / "topk.cu").read_text(encoding="utf-8")
     sigs["topk_kernel"] = re.search(r"topk_kernel\(([^)]*)\)", topk_src).group(1).count(",") + 1
-    stub, names = cupy_stub.make(), ("questprof.backends.cupy", "questprof.backends.pdl")
+    stub = cupy_stub.make()
+    names = ("questprof.backends.cupy", "questprof.backends.pdl",
+             "questprof.backends.cupy_selectors")
     saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
     monkeypatch.setitem(sys.modules, "cupy", stub)
     try:
         ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
+        forms = importlib.import_module(names[2])
         for qh, kvh, d, s, dtype, cache, summ in DRY_RUN:
             kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
                                  spare_pages=3, kv_dtype=cache, summary_dtype=summ)
@@ -286,6 +298,12 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
                 if cache is None and d in variants.FUSED_HEAD_DIMS:
                     ops.estimate_topk(q, kv, 5, mode)
             ops.attention(q, kv)
+            for form in (KernelForm(fp8=True), KernelForm(boxes=2), KernelForm(boxes=4),
+                         KernelForm(rule="topp", param=0.5), KernelForm(rule="gap", param=1)):
+                if cache is None and variants.boxes_built(d, form.boxes) and s % form.boxes == 0:
+                    fs = forms.summaries(kv, form, full_plan(kv))
+                    for mode in ("per-head", "shared-max"):
+                        forms.quest(q, kv, fs, 5, mode)
     finally:
         for n in names:
             sys.modules.pop(n, None)

@@ -19,7 +19,8 @@ import numpy as np
 
 from questprof import KERNELS_DIR
 from questprof.backends import constants, variants
-from questprof.backends.launch_args import attention_rows, check_budget, check_kv, check_q
+from questprof.backends.launch_args import (NO_RULE, TopkRule, attention_rows, check_budget,
+                                            check_kv, check_q)
 from questprof.backends.pdl import Launcher, PlainLaunch
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV
@@ -90,7 +91,7 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
         if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
     args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
-    kernel = load_kernel("summary", f"summary_kernel<{kv_tag}, {summary_tag}, {kv.head_dim}>")
+    kernel = load_kernel("summary", f"summary_kernel<{kv_tag}, {summary_tag}, {kv.head_dim}, 1>")
     kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size),
                                   _scale(kv, "k_scale")))
 
@@ -112,31 +113,34 @@ def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
     tile, mode_arg, exact = variants.estimate_build(kv.dtype, kv.summary_dtype, d, g, m)
     expr = (f"estimate_kernel<{q_tag}, {summary_tag}, {d}, {tile}, {mode_arg}, "
-            f"{str(exact).lower()}>")
+            f"{str(exact).lower()}, 1>")
     launch(load_kernel("estimate", expr, launch.defines("estimate")),
            (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz), _i32(g), _i32(m), _scale(kv, "k_scale")), stage="estimate")
+        _i32(nnz), _i32(g), _i32(m), _scale(kv, "k_scale"), _NULL, _i32(0)), stage="estimate")
     return scores
 
 
-def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain):
-    """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32)."""
+def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain,
+         rule: TopkRule = NO_RULE):
+    """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32, or [Hs, B] for a
+    dynamic budget `rule`: the pages of each row it keeps of the K best)."""
     nnz = int(kv.kv_indices.size)
     if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
         raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
     check_budget(k_pages, sinks, window)
     heads, batch = int(scores.shape[0]), kv.batch
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
-    count = cupy.empty(batch, dtype=cupy.int32)
-    smem = max(kv.pages()) * 4
-    cached = smem <= TK_SMEM_LIMIT
+    count = cupy.empty((heads, batch) if rule.code else batch, dtype=cupy.int32)
+    keys = max(kv.pages()) * 4
+    cached = keys <= TK_SMEM_LIMIT
+    smem = max(keys if cached else 0, rule.shared_bytes(k_pages))
     kernel = load_kernel("topk", "topk_kernel", launch.defines("topk"))
-    kernel.max_dynamic_shared_size_bytes = smem if cached else 0
+    kernel.max_dynamic_shared_size_bytes = smem
     launch(kernel, (batch, heads), (TK_THREADS,), (
         cupy.ascontiguousarray(scores), kv.kv_indptr, sel, count, _i32(batch), _i32(nnz),
-        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)), shared_mem=smem if cached else 0,
-        stage="topk")
+        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached), _i32(rule.code),
+        np.float64(rule.param), np.float64(rule.scaling)), shared_mem=smem, stage="topk")
     return sel, count
 
 
@@ -255,6 +259,12 @@ class CupyBackend:
         self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
         for name in ("splits_done", "rows_scored"):  # now, not inside a CUDA-graph capture
             _counts(name, 1)
+
+    @property
+    def launch(self):
+        """The launcher quest() uses (PDL where available): for the selectors' forms
+        (backends/cupy_selectors.py) to run their step the same way."""
+        return self._launch
 
     @property
     def quest_path(self) -> str:

@@ -6,6 +6,9 @@ checks these rules without CuPy.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
 from questprof.backends import variants
@@ -82,3 +85,54 @@ def attention_rows(q_heads: int, g: int, kv: PagedKV, sel, count):
     per_q = heads == q_heads and g > 1
     plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
     return plan, int(per_q), min(k_sel, max(kv.pages())), k_sel
+
+
+RULES = {"": 0, "gap": 1, "topp": 2}  # KernelForm.rule -> topk.cu's RULE_* code
+RULE_BYTES = 16  # shared memory per page of K of a dynamic rule (topk.cuh, dynamic_select)
+RULE_SMEM_LIMIT = 200 * 1024  # the top-K kernel's dynamic shared memory (backends/cupy.py)
+
+
+@dataclass(frozen=True)
+class TopkRule:
+    """topk.cu's dynamic budget: `code` (RULES; 0 a fixed K), its parameter and the logits'
+    scaling of the bounds (1 / sqrt(d), as attention's softmax)."""
+
+    code: int = 0
+    param: float = 0.0
+    scaling: float = 0.0
+
+    def shared_bytes(self, k_pages: int) -> int:
+        """Dynamic shared memory the rule needs at a budget of k_pages (0 for a fixed K)."""
+        return RULE_BYTES * k_pages if self.code else 0
+
+
+NO_RULE = TopkRule()
+
+
+def topk_rule(form, head_dim: int, k_pages: int) -> TopkRule:
+    """The TopkRule of a core.selectors.KernelForm; ValueError when its K does not fit."""
+    rule = TopkRule(RULES[form.rule], float(form.param), 1 / math.sqrt(head_dim))
+    if rule.shared_bytes(k_pages) > RULE_SMEM_LIMIT:
+        raise ValueError(f"a dynamic budget of {k_pages} pages does not fit the top-K kernel's "
+                         f"shared memory: at most {RULE_SMEM_LIMIT // RULE_BYTES} pages")
+    return rule
+
+
+def form_tags(kv: PagedKV, form) -> tuple[str, str, str]:
+    """(queries, keys, summaries) template tags of a KernelForm's kernels on cache kv;
+    ValueError naming what is built otherwise."""
+    q_tag, kv_tag, summary_tag = check_kv(kv)
+    if form.fp8 or form.boxes > 1:
+        if kv.is_fp8:
+            raise ValueError("the selectors' FP8 summaries and boxes run over fp16 / bf16 caches "
+                             f"only, not {kv.kv_dtype}")
+    if form.fp8 and form.boxes > 1:
+        raise ValueError("FP8 summaries with boxes are not built")
+    if form.boxes > 1 and (kv.page_size % form.boxes
+                           or not variants.boxes_built(kv.head_dim, form.boxes)):
+        built = ", ".join(f"{c} at head dim {d}" for d in variants.BOX_HEAD_DIMS
+                          for c in variants.BOXES if c > 1 and variants.boxes_built(d, c))
+        raise ValueError(f"{form.boxes} boxes per page are not built for head dim "
+                         f"{kv.head_dim}, page size {kv.page_size} (built: {built}, boxes "
+                         "dividing the page size)")
+    return q_tag, kv_tag, variants.TAGS["fp8_e4m3"] if form.fp8 else summary_tag

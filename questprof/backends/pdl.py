@@ -47,6 +47,8 @@ def _arg(x):
         return ctypes.c_int32(int(x))
     if isinstance(x, np.float32):
         return ctypes.c_float(float(x))
+    if isinstance(x, np.float64):
+        return ctypes.c_double(float(x))
     if isinstance(x, np.uint64):  # a pointer passed as an integer (the null pointer)
         return ctypes.c_uint64(int(x))
     raise TypeError(f"no PDL argument conversion for {type(x).__name__}")

@@ -28,6 +28,7 @@ PAGE_SIZES = _C["QP_PAGE_SIZES"]
 MEASURED_HEAD_DIMS, MEASURED_GROUPS = _C["QP_MEASURED_HEAD_DIMS"], _C["QP_MEASURED_GROUPS"]
 MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
 FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
+BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c builds
 EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
@@ -36,6 +37,8 @@ TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels
 # (e4m3) caches under fp16 / bf16 queries with fp16 or FP8 summaries (core.layout's rule).
 CACHES = (("fp16", "fp16", "fp16"), ("bf16", "bf16", "bf16"), ("fp16", E4M3, "fp16"),
           ("fp16", E4M3, E4M3), ("bf16", E4M3, "fp16"), ("bf16", E4M3, E4M3))
+# quest-fp8: E4M3 summaries (a scale of their own per KV head) over a 16-bit cache
+FP8_SUMMARY_CACHES = (("fp16", "fp16", E4M3), ("bf16", "bf16", E4M3))
 
 
 @dataclass(frozen=True)
@@ -91,19 +94,25 @@ def page_template(d: int, tile: int, page_size: int, kv: str = "fp16") -> int:
     return page_size if fixed else 0
 
 
-def estimate_build(q: str, summary: str, d: int, g: int, mode: int,
+def boxes_built(d: int, c: int) -> bool:
+    """c boxes per page are built at head dim d (constants.cuh, boxes_built): c 1 everywhere,
+    else c of QP_BOXES at QP_BOX_HEAD_DIMS with c x row_lanes(d) <= 32 (one warp per page)."""
+    return c == 1 or (c in BOXES and d in BOX_HEAD_DIMS and c * row_lanes(d) <= 32)
+
+
+def estimate_build(q: str, summary: str, d: int, g: int, mode: int, boxes: int = 1,
                    tuning: Tuning | None = None) -> tuple[int, int, bool]:
     """(tile G, MODE, EXACT) of estimate_kernel for g q heads per KV head in selection mode
-    `mode` (0-2): the measured builds (the group a constant, one per mode); tile 1 its per-head
-    build (one q head per KV head: every mode gives the same scores); tile 2 its group a
-    constant, the mode from the launch (-1); a group of exactly 16 its group a constant when
-    `tuning.est16` is "exact"; larger tiles both from the launch."""
+    `mode` (0-2): the measured builds (the group a constant, one per mode; one box per page);
+    tile 1 its per-head build (one q head per KV head: every mode gives the same scores); tile 2
+    its group a constant, the mode from the launch (-1); a group of exactly 16 with one box its
+    group a constant when `tuning.est16` is "exact"; larger tiles both from the launch."""
     tile = plan_group(g).tile
-    if q == summary and measured(d, tile) and g == tile:
+    if boxes == 1 and q == summary and measured(d, tile) and g == tile:
         return tile, mode, True
     if tile <= 2:
         return tile, 0 if tile == 1 else -1, True
-    if g == tile == GROUPS[-1] and (tuning or current_tuning()).est16 == "exact":
+    if boxes == 1 and g == tile == GROUPS[-1] and (tuning or current_tuning()).est16 == "exact":
         return tile, -1, True
     return tile, -1, False
 

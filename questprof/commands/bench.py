@@ -67,8 +67,9 @@ def _row(cfg, stage, impl, timing, work, ceiling, layers, backend) -> dict:
 
 
 def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, graph: bool = True,
-             with_peers: bool = True, read_ms=None) -> list[dict]:
-    """All rows of one case: ours per stage and the pipeline, then the peers."""
+             with_peers: bool = True, read_ms=None, selectors=()) -> list[dict]:
+    """All rows of one case: ours per stage and the pipeline, the `selectors`' kernel forms
+    (commands/bench_selectors.py), then the peers."""
     from questprof.measure.timing import time_layers
     from questprof.workload.pools import Workload, release
 
@@ -86,6 +87,10 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
             work.work("quest"), ceiling, layers, backend))
         rows[-1]["pipeline"] = work.quest_path.rsplit(", ", 1)[0] + (
             ", fused" if other else ", 3 kernels")
+    if selectors and not cfg.is_dense_budget:
+        from questprof.commands.bench_selectors import selector_rows
+        rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
+            **_row(cfg, s, impl, t, w, ceiling, layers, backend), **extra})
     if with_peers:
         rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
                       layers, backend) for s, impl in PEERS]
@@ -211,9 +216,11 @@ def _met(value: float, target: str) -> bool:
 
 
 def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
-              with_peers: bool = True, log=print, on_case=None) -> tuple[list[dict], dict]:
+              with_peers: bool = True, log=print, on_case=None,
+              selectors=None) -> tuple[list[dict], dict]:
     """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch.
-    on_case(ceilings, rows) gets each case's rows as soon as they are measured (to disk)."""
+    on_case(ceilings, rows) gets each case's rows as soon as they are measured (to disk);
+    selectors: config key -> the selectors of that case (bench_selectors.selectors_of)."""
     from questprof.backends import get_backend
     from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
     from questprof.workload.pools import l2_bytes
@@ -232,7 +239,7 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
             f"budget={cfg.budget} {cfg.mode}")
         try:
             case = run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers,
-                            read_ms)
+                            read_ms, (selectors or {}).get(cfg.key(), ()))
         except Exception as exc:  # a case that does not fit is skipped rows, not a lost run
             if not is_out_of_memory(exc):
                 raise
@@ -293,6 +300,8 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     if repeats < 1:
         raise ConfigError(f"--repeats {repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, quick)
+    from questprof.commands.bench_selectors import selectors_of
+    named = selectors_of(cases_file)  # one line for a name without a kernel form
     backend = get_backend("cupy")  # one clear line and exit 2 without a GPU
     for cfg in cases:  # a cache dtype the kernels do not run yet: one line before any work
         check_cache(cfg.model, backend)
@@ -317,7 +326,7 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     if not cases:
         raise ConfigError(f"{cases_file}: no case to run{' (none marked quick)' if quick else ''}")
     try:
-        rows, _ = run_bench(cases, repeats, graph, peers, on_case=on_case)
+        rows, _ = run_bench(cases, repeats, graph, peers, on_case=on_case, selectors=named)
     except BaseException:  # Ctrl-C or a failure: the finished cases stay on disk
         if writer is not None:
             writer.close(finished=False)

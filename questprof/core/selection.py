@@ -84,9 +84,19 @@ class View:
         return self._bounds[boxes, fp8]
 
 
-def box_summary(keys: np.ndarray, width: int, fp8: bool = False) -> np.ndarray:
+def fp8_box_scale(amax) -> np.ndarray:
+    """Scale per KV head of FP8 summaries whose largest magnitude is `amax` [Hkv] (1 for 0):
+    amax / 448 widened by 2^-20, so that the float64 quotient x / scale never exceeds 448, where
+    to_e4m3 saturates and rounding up would stop being a bound (the kernels take it as float32,
+    within the same margin)."""
+    amax = np.asarray(amax, dtype=np.float64)
+    return np.where(amax > 0, amax / E4M3_MAX * (1 + 2.0**-20), 1.0)
+
+
+def box_summary(keys: np.ndarray, width: int, fp8: bool = False, scale=None) -> np.ndarray:
     """[n, Hkv, 2, d] min/max of consecutive boxes of `width` tokens (n = ceil(L / width)),
-    rounded outward to E4M3 with one scale per KV head when `fp8`."""
+    rounded outward to E4M3 with one scale per KV head when `fp8` (`scale` [Hkv], default
+    fp8_box_scale of the keys' largest magnitude)."""
     kv_heads, length, d = keys.shape
     n = -(-length // width)
     k = np.pad(keys, ((0, 0), (0, n * width - length), (0, 0)), mode="edge")
@@ -94,10 +104,9 @@ def box_summary(keys: np.ndarray, width: int, fp8: bool = False) -> np.ndarray:
     summ = np.stack([k.min(axis=2), k.max(axis=2)], axis=2).transpose(1, 0, 2, 3)
     if not fp8:
         return summ
-    # amax / 448 widened by 2^-20: the float64 quotient x / scale never exceeds 448, where
-    # to_e4m3 saturates and rounding up would stop being a bound
-    amax = np.abs(summ).max(axis=(0, 2, 3))
-    scale = np.where(amax > 0, amax / E4M3_MAX * (1 + 2.0**-20), 1.0)[None, :, None]
+    if scale is None:
+        scale = fp8_box_scale(np.abs(summ).max(axis=(0, 2, 3)))
+    scale = np.asarray(scale, dtype=np.float64)[None, :, None]
     lo = from_e4m3(to_e4m3(summ[:, :, 0] / scale, "down")) * scale
     hi = from_e4m3(to_e4m3(summ[:, :, 1] / scale, "up")) * scale
     return np.stack([lo, hi], axis=2)
@@ -168,28 +177,39 @@ def oracle(view: View, k: int) -> Selection:
     return _done(mask)
 
 
-def gap(view: View, k: int, t: float) -> Selection:
-    """Dynamic budget: the non-tail pages by U_p down to the first gap U_(i) - U_(i+1) > t
-    (scaled logits), at most K - 1, and the tail page."""
-    u = view.bound()
+def gap_pages(u: np.ndarray, k: int, t: float, scaling: float) -> np.ndarray:
+    """Non-tail pages [H] quest-gap:t keeps of bounds u [H, P] (tail page last), budget K:
+    those by U_p down to the first gap U_(i) - U_(i+1) > t (scaled logits), at most K - 1."""
     order_ = _rest_order(u)
-    v = np.take_along_axis(u[:, :-1], order_, axis=1) * view.scaling
+    v = np.take_along_axis(u[:, :-1], order_, axis=1) * scaling
     over = np.concatenate([(v[:, :-1] - v[:, 1:]) > t, np.ones((len(v), 1), bool)], axis=1)
     n = over.argmax(axis=1) + 1  # the last non-tail page ends the ranking: a gap to nothing
-    return _done(_top_rest(view, order_, np.minimum(n, max(k - 1, 0))), u)
+    return np.minimum(n, min(max(k - 1, 0), u.shape[1] - 1))
 
 
-def top_p(view: View, k: int, p: float) -> Selection:
-    """Dynamic budget: the tail page, then non-tail pages by U_p until the softmax of the bounds
-    reaches cumulative mass p, at most K - 1 of them."""
-    u = view.bound()
+def top_p_pages(u: np.ndarray, k: int, p: float, scaling: float) -> np.ndarray:
+    """Non-tail pages [H] quest-topp:p keeps of bounds u [H, P] (tail page last), budget K: with
+    the tail page, those by U_p until the bounds' softmax reaches cumulative mass p, at most
+    K - 1."""
     order_ = _rest_order(u)
-    w = np.exp((u - u.max(axis=1, keepdims=True)) * view.scaling)
+    w = np.exp((u - u.max(axis=1, keepdims=True)) * scaling)
     w /= w.sum(axis=1, keepdims=True)
     cum = w[:, -1:] + np.concatenate([np.zeros((len(w), 1)),
                                       np.take_along_axis(w[:, :-1], order_, axis=1)], 1).cumsum(1)
-    n = np.minimum((cum < p).sum(axis=1), view.pages - 1)
-    return _done(_top_rest(view, order_, np.minimum(n, max(k - 1, 0))), u)
+    n = np.minimum((cum < p).sum(axis=1), u.shape[1] - 1)
+    return np.minimum(n, max(k - 1, 0))
+
+
+def gap(view: View, k: int, t: float) -> Selection:
+    """Dynamic budget: the tail page and the non-tail pages of gap_pages."""
+    u = view.bound()
+    return _done(_top_rest(view, _rest_order(u), gap_pages(u, k, t, view.scaling)), u)
+
+
+def top_p(view: View, k: int, p: float) -> Selection:
+    """Dynamic budget: the tail page and the non-tail pages of top_p_pages."""
+    u = view.bound()
+    return _done(_top_rest(view, _rest_order(u), top_p_pages(u, k, p, view.scaling)), u)
 
 
 def _tau(logits: np.ndarray, r: int) -> float:

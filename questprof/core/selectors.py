@@ -4,18 +4,21 @@ A name is a family and, for some, a parameter after a colon: `quest-boxes:4`, `b
 The table FAMILIES holds each family once (what its parameter is, which summaries it reads,
 whether it carries state across decode steps); `parse` turns a name into a `Selector`, whose
 `select` runs the NumPy float64 reference (questprof.core.selection) and whose `rho` is the
-byte model's (questprof.core.model.selector_rho). The kernels implement `quest` (with sinks
-and a window); the others are reference-only for now.
+byte model's (questprof.core.model.selector_rho). A family's `kernel` row says which form of
+the CUDA kernels runs it (KernelForm: boxes per page, FP8 summaries, a top-K rule with a count
+per row): quest, quest-fp8, quest-boxes:c and the dynamic budgets quest-gap / quest-topp;
+the others are reference-only for now. `form_work` is the byte model of a form's stages.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from questprof.core import model, selection
 from questprof.core.config import ConfigError
 from questprof.core.layout import DTYPE_BYTES
+from questprof.core.stages import QUEST_STAGES
 
 
 def _int(text: str, low: int = 1) -> int:
@@ -48,10 +51,23 @@ def _choice(*names: str) -> Callable[[str], str]:
 
 
 @dataclass(frozen=True)
+class KernelForm:
+    """How the CUDA kernels run a selector: `boxes` min/max boxes per page, `fp8` summaries
+    (E4M3, rounded outward, a scale per KV head) over a 16-bit cache, and a top-K `rule`: ''
+    (K pages), 'gap' or 'topp' (K at most, a count per row) with its `param` (t or p)."""
+
+    boxes: int = 1
+    fp8: bool = False
+    rule: str = ""
+    param: float = 0.0
+
+
+@dataclass(frozen=True)
 class Family:
     """One selector family: `param` parses the text after the colon (None: takes none),
     `wants` says what it must be, `letter` names it, `boxes` the summary copies read per page (0: no summaries),
-    `fp8` whether those are FP8, `stateful` whether it keeps state across decode steps."""
+    `fp8` whether those are FP8, `stateful` whether it keeps state across decode steps, `kernel`
+    its KernelForm from the parameter (None: no kernel, the reference only)."""
 
     name: str
     run: Callable
@@ -62,11 +78,13 @@ class Family:
     boxes: Callable[[object], float] = lambda p: 1.0
     fp8: bool = False
     stateful: bool = False
+    kernel: Callable[[object], KernelForm] | None = None
 
 
 FAMILIES = {f.name: f for f in (
     Family("quest", lambda v, k, p, s: selection.topk_bound(v, k),
-           "Quest: K pages of largest min/max bound U_p, tail page in"),
+           "Quest: K pages of largest min/max bound U_p, tail page in",
+           kernel=lambda p: KernelForm()),
     Family("quest+sink+window", lambda v, k, p, s: selection.sink_window(v, k),
            f"Quest with {selection.SINK_PAGES} sink page and the last {selection.WINDOW_PAGES} "
            "pages reserved, counted in the budget"),
@@ -84,17 +102,20 @@ FAMILIES = {f.name: f for f in (
            "ablation: K pages in a fixed order, first pages first or seeded random",
            _choice("position", "random"), "position or random", "position|random", boxes=lambda p: 0.0),
     Family("quest-fp8", lambda v, k, p, s: selection.topk_bound(v, k, fp8=True),
-           "Quest over FP8 summaries rounded outward (half the summary bytes)", fp8=True),
+           "Quest over FP8 summaries rounded outward (half the summary bytes)", fp8=True,
+           kernel=lambda p: KernelForm(fp8=True)),
     Family("quest-boxes", lambda v, k, p, s: selection.topk_bound(v, k, boxes=p),
            "Quest with c sub-boxes per page, the page's bound their largest (c x summaries)",
            _int, "a whole number of boxes c >= 1 dividing the page size", "c",
-           boxes=float),
+           boxes=float, kernel=lambda p: KernelForm(boxes=p)),
     Family("quest-gap", lambda v, k, p, s: selection.gap(v, k, p),
            "dynamic budget: stop at a bound gap > t (logits), at most the budget",
-           _nonneg, "a gap t >= 0 in logits", "t"),
+           _nonneg, "a gap t >= 0 in logits", "t",
+           kernel=lambda p: KernelForm(rule="gap", param=p)),
     Family("quest-topp", lambda v, k, p, s: selection.top_p(v, k, p),
            "dynamic budget: stop when the bounds' softmax mass reaches p, at most the budget",
-           _fraction, "a mass p in (0, 1]", "p"),
+           _fraction, "a mass p in (0, 1]", "p",
+           kernel=lambda p: KernelForm(rule="topp", param=p)),
     Family("bnb", lambda v, k, p, s: selection.branch_and_bound(v, p),
            "branch and bound: exact top-R tokens, pages read as needed (budget ignored)",
            _int, "a whole number of tokens R >= 1", "R"),
@@ -124,6 +145,11 @@ class Selector:
     def start(self) -> dict | None:
         """Fresh state for a decode sequence (None for a stateless selector)."""
         return {} if self.stateful else None
+
+    @property
+    def kernel_form(self) -> KernelForm | None:
+        """The KernelForm the CUDA kernels run this selector in (None: reference only)."""
+        return None if self.family.kernel is None else self.family.kernel(self.param)
 
     def select(self, view: selection.View, k_pages: int, state: dict | None = None):
         """The Selection of one query (`view`) with a budget of k_pages pages."""
@@ -176,3 +202,32 @@ def check_page_sizes(selectors, page_sizes) -> None:
             if sel.family.name == "quest-boxes" and size % sel.param:
                 raise ConfigError(f"selector {sel.name}: {sel.param} boxes do not divide the "
                                   f"page size {size}")
+
+
+def form_work(cfg, form: KernelForm, pages_read: float | None = None) -> dict:
+    """StageWork of estimate, topk, attention and quest of a kernel form on cfg (per layer):
+    the estimate reads `boxes` boxes of summaries per page and KV head (FP8: one byte an element
+    and the float32 scales [Hkv]; boxes: last_page_len [B]); a dynamic rule's top-K writes a count
+    per row; attention reads `pages_read` pages per (request, KV head), the mean measured (None:
+    core.model's K, or its GQA union bound)."""
+    m, work = cfg.model, model.stage_work(cfg)
+    nnz = cfg.batch * model.pages(cfg.length, cfg.page_size)
+    elem = 1 if form.fp8 else DTYPE_BYTES[model.summary_dtype(m)]
+    extra = (m.kv_heads if form.fp8 else 0) * model.FLOAT_BYTES
+    extra += (cfg.batch if form.boxes > 1 else 0) * model.INDEX_BYTES
+    est = work["estimate"]
+    out = {"estimate": replace(est, read=nnz * m.kv_heads * 2 * m.head_dim * elem * form.boxes,
+                               unmodelled_read=est.unmodelled_read + extra)}
+    top = work["topk"]
+    rows = model.score_heads(cfg) * cfg.batch
+    out["topk"] = replace(top, write=top.write + (rows - cfg.batch if form.rule else 0) *
+                          model.INDEX_BYTES)
+    att = work["attention"]
+    if pages_read is not None:
+        tokens = ((pages_read - 1) * cfg.page_size
+                  + model.last_page_len(cfg.length, cfg.page_size))
+        att = replace(att, read=cfg.batch * m.kv_heads * 2 * model.vector_bytes(m) * tokens,
+                      flops=cfg.batch * m.q_heads * tokens * 4 * m.head_dim, bound=False)
+    out["attention"] = att
+    out["quest"] = model.total((out[s] for s in QUEST_STAGES), "quest")
+    return out
