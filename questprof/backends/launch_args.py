@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from questprof.backends import variants
+from questprof.backends import constants, variants
 from questprof.core.layout import PagedKV, storage_dtype
 from questprof.core.reference import reserved_positions
 
@@ -82,3 +82,22 @@ def attention_rows(q_heads: int, g: int, kv: PagedKV, sel, count):
     per_q = heads == q_heads and g > 1
     plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
     return plan, int(per_q), min(k_sel, max(kv.pages())), k_sel
+
+
+def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
+                       summary_dtype: str, mode: str, dtype: str = "") -> str | None:
+    """Why the persistent Quest step (kernels/quest_step.cu) is not built for a shape, or None:
+    16-bit caches with their own summaries, head dims PS_HEAD_DIMS, groups up to the largest of
+    PS_GROUPS, per-head selection (any mode at one q head per KV head)."""
+    consts = constants.load()
+    dims, groups = consts["PS_HEAD_DIMS"], consts["PS_GROUPS"]
+    g = q_heads // kv_heads if kv_heads and q_heads % kv_heads == 0 else 0
+    if kv_dtype not in ("fp16", "bf16") or summary_dtype != kv_dtype or dtype not in ("", kv_dtype):
+        return f"the persistent step is built for fp16 / bf16 caches, not {kv_dtype}"
+    if head_dim not in dims:
+        return f"the persistent step is built for head dims {', '.join(map(str, dims))}, not {head_dim}"
+    if not 1 <= g <= groups[-1]:
+        return f"the persistent step is built for up to {groups[-1]} q heads per KV head, not {g or q_heads}"
+    if mode != "per-head" and g > 1:
+        return f"the persistent step selects per q head ({mode} at {g} q heads per KV head is not built)"
+    return None

@@ -1,0 +1,103 @@
+"""The Quest step as one persistent kernel (kernels/quest_step.cu): its launcher.
+
+`quest_step` checks the shape against what is built (`launch_args.persistent_problem`), sizes one
+resident wave of CTAs, the attention splits and the workspace, and launches on the current CuPy
+stream without synchronising. Its state (ticket, counts, flags) is one per-device buffer that is
+zeroed once and left at zero by every launch, so launches on one stream, CUDA-graph replays
+included, share it (concurrent streams would not).
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from questprof.backends import constants, variants
+from questprof.backends import cupy as ops
+from questprof.backends.launch_args import check_budget, check_kv, check_q, persistent_problem
+from questprof.backends.pdl import Launcher, PlainLaunch
+
+_C = constants.load()
+PS_THREADS, PS_CTAS_PER_SM, PS_STAGES = _C["PS_THREADS"], _C["PS_CTAS_PER_SM"], _C["PS_STAGES"]
+PS_MAX_SPLIT_PAGES, PS_EST_TILES = _C["PS_MAX_SPLIT_PAGES"], _C["PS_EST_TILES"]
+STAGE = "quest_step"  # the stage name its PDL launcher knows it by
+_i32 = np.int32
+_plain = PlainLaunch()
+
+
+def step_launcher(pdl: bool = True) -> Launcher:
+    """PDL launches of quest_step that release the next grid at once (its CTAs find room only as
+    this grid's leave); plain launches where PDL is unavailable."""
+    return Launcher(enabled=pdl, stages=(STAGE,), early=(STAGE,))
+
+
+def ring_bytes(d: int) -> int:
+    """Dynamic shared memory of a CTA: ATT_WARPS rings of PS_STAGES stages of the CUDA-core
+    attention tile (K and V rows of its tile's tokens), top-K's keys in the same bytes."""
+    return variants.ATT_WARPS * PS_STAGES * 2 * variants.tile_tokens(d, 1) * d * 2
+
+
+def tickets(nnz: int, batch: int, q_heads: int, kv_heads: int, d: int, splits: int) -> int:
+    """Tickets of the queue: per KV head its estimate tickets and one select ticket per (q head,
+    request), then (row, split) of attention (Step in kernels/quest_step.cuh)."""
+    units = PS_EST_TILES * variants.EST_UNROLL * (PS_THREADS // variants.row_lanes(d))
+    per_head = -(-nnz // units) + batch * (q_heads // kv_heads)
+    return kv_heads * per_head + batch * q_heads * splits
+
+
+def split_plan(rows: int, row_pages: int, page_size: int, d: int, ctas: int) -> tuple[int, int]:
+    """(splits, pages per split): about one attention ticket per CTA of the wave, each warp at
+    least two tiles, at most PS_MAX_SPLIT_PAGES pages."""
+    min_pages = max(1, -(-2 * variants.ATT_WARPS * variants.tile_tokens(d, 1) // page_size))
+    want = max(1, ctas // rows)
+    per_split = min(PS_MAX_SPLIT_PAGES, max(min_pages, -(-row_pages // want)))
+    return -(-row_pages // per_split), per_split
+
+
+def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
+               launch=_plain, grid: int | None = None, split_pages: int | None = None):
+    """One Quest step in one kernel: (out [B, Hq, d], lse [B, Hq], sel [Hq, B, K], count [B]),
+    the values of quest() in three kernels (sel, count bit for bit; out, lse bit for bit at the
+    same split_pages, else within the dtype's tolerance). grid: CTAs (default one resident wave);
+    split_pages: pages per attention split (default split_plan's)."""
+    q_tag, _, _ = check_kv(kv)
+    check_budget(k_pages, sinks, window)
+    q_heads, g = check_q(q, kv)
+    d, s, batch, nnz = kv.head_dim, kv.page_size, kv.batch, int(kv.kv_indices.size)
+    problem = persistent_problem(q_heads, kv.kv_heads, d, kv.kv_dtype, kv.summary_dtype, mode,
+                                 kv.dtype)
+    if problem:
+        raise ValueError(problem)
+    wave = PS_CTAS_PER_SM * ops._sm_count()
+    rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
+    if split_pages is None:
+        splits, split_pages = split_plan(rows, row_pages, s, d, grid or wave)
+    elif not 1 <= split_pages <= PS_MAX_SPLIT_PAGES:
+        raise ValueError(f"split_pages {split_pages} must be in 1..{PS_MAX_SPLIT_PAGES}")
+    else:
+        splits = -(-row_pages // split_pages)
+    total = tickets(nnz, batch, q_heads, kv.kv_heads, d, splits)
+    grid = max(1, min(grid or wave, total))
+    scores = cupy.empty((q_heads, nnz), dtype=cupy.float32)
+    sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
+    count = cupy.empty(batch, dtype=cupy.int32)
+    out = cupy.empty(q.shape, dtype=q.dtype)
+    lse = cupy.empty((batch, q_heads), dtype=cupy.float32)
+    ws_o = ws_lse = ops._NULL
+    if splits > 1:
+        ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
+        ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
+    state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
+    smem = ring_bytes(d)
+    kernel = ops.load_kernel(STAGE, f"quest_step_kernel<{q_tag}, {d}, {variants.plan_group(g).tile}>",
+                             launch.defines(STAGE))
+    kernel.max_dynamic_shared_size_bytes = smem
+    launch(kernel, (grid,), (PS_THREADS,), (
+        q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
+        count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
+        _i32(nnz), _i32(k_pages), _i32(sinks), _i32(window), _i32(splits), _i32(split_pages),
+        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d))),
+        shared_mem=smem, stage=STAGE)
+    return out, lse, sel, count
