@@ -16,12 +16,14 @@ import numpy as np
 
 from questprof.backends import constants, variants
 from questprof.backends import cupy as ops
-from questprof.backends.launch_args import check_budget, check_kv, check_q, persistent_problem
+from questprof.backends.launch_args import (check_budget, check_kv, check_q, persistent_problem,
+                                           persistent_ring_bytes, persistent_splits,
+                                           persistent_tickets)
 from questprof.backends.pdl import Launcher, PlainLaunch
 
 _C = constants.load()
-PS_THREADS, PS_CTAS_PER_SM, PS_STAGES = _C["PS_THREADS"], _C["PS_CTAS_PER_SM"], _C["PS_STAGES"]
-PS_MAX_SPLIT_PAGES, PS_EST_TILES = _C["PS_MAX_SPLIT_PAGES"], _C["PS_EST_TILES"]
+PS_THREADS, PS_CTAS_PER_SM = _C["PS_THREADS"], _C["PS_CTAS_PER_SM"]
+PS_MAX_SPLIT_PAGES = _C["PS_MAX_SPLIT_PAGES"]
 STAGE = "quest_step"  # the stage name its PDL launcher knows it by
 _i32 = np.int32
 _plain = PlainLaunch()
@@ -33,35 +35,12 @@ def step_launcher(pdl: bool = True) -> Launcher:
     return Launcher(enabled=pdl, stages=(STAGE,), early=(STAGE,))
 
 
-def ring_bytes(d: int) -> int:
-    """Dynamic shared memory of a CTA: ATT_WARPS rings of PS_STAGES stages of the CUDA-core
-    attention tile (K and V rows of its tile's tokens), top-K's keys in the same bytes."""
-    return variants.ATT_WARPS * PS_STAGES * 2 * variants.tile_tokens(d, 1) * d * 2
-
-
-def tickets(nnz: int, batch: int, q_heads: int, kv_heads: int, d: int, splits: int) -> int:
-    """Tickets of the queue: per KV head its estimate tickets and one select ticket per (q head,
-    request), then (row, split) of attention (Step in kernels/quest_step.cuh)."""
-    units = PS_EST_TILES * variants.EST_UNROLL * (PS_THREADS // variants.row_lanes(d))
-    per_head = -(-nnz // units) + batch * (q_heads // kv_heads)
-    return kv_heads * per_head + batch * q_heads * splits
-
-
-def split_plan(rows: int, row_pages: int, page_size: int, d: int, ctas: int) -> tuple[int, int]:
-    """(splits, pages per split): about one attention ticket per CTA of the wave, each warp at
-    least two tiles, at most PS_MAX_SPLIT_PAGES pages."""
-    min_pages = max(1, -(-2 * variants.ATT_WARPS * variants.tile_tokens(d, 1) // page_size))
-    want = max(1, ctas // rows)
-    per_split = min(PS_MAX_SPLIT_PAGES, max(min_pages, -(-row_pages // want)))
-    return -(-row_pages // per_split), per_split
-
-
 def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
                launch=_plain, grid: int | None = None, split_pages: int | None = None):
     """One Quest step in one kernel: (out [B, Hq, d], lse [B, Hq], sel [Hq, B, K], count [B]),
     the values of quest() in three kernels (sel, count bit for bit; out, lse bit for bit at the
     same split_pages, else within the dtype's tolerance). grid: CTAs (default one resident wave);
-    split_pages: pages per attention split (default split_plan's)."""
+    split_pages: pages per attention split (default launch_args.persistent_splits')."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)
@@ -73,12 +52,12 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
     wave = PS_CTAS_PER_SM * ops._sm_count()
     rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
     if split_pages is None:
-        splits, split_pages = split_plan(rows, row_pages, s, d, grid or wave)
+        splits, split_pages = persistent_splits(rows, row_pages, s, d, grid or wave)
     elif not 1 <= split_pages <= PS_MAX_SPLIT_PAGES:
         raise ValueError(f"split_pages {split_pages} must be in 1..{PS_MAX_SPLIT_PAGES}")
     else:
         splits = -(-row_pages // split_pages)
-    total = tickets(nnz, batch, q_heads, kv.kv_heads, d, splits)
+    total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits)
     grid = max(1, min(grid or wave, total))
     scores = cupy.empty((q_heads, nnz), dtype=cupy.float32)
     sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
@@ -90,8 +69,9 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
         ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
     state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
-    smem = ring_bytes(d)
-    kernel = ops.load_kernel(STAGE, f"quest_step_kernel<{q_tag}, {d}, {variants.plan_group(g).tile}>",
+    smem = persistent_ring_bytes(d)
+    tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
+    kernel = ops.load_kernel(STAGE, f"quest_step_kernel<{q_tag}, {d}, {tile}>",
                              launch.defines(STAGE))
     kernel.max_dynamic_shared_size_bytes = smem
     launch(kernel, (grid,), (PS_THREADS,), (
