@@ -183,7 +183,7 @@ def test_persistent_problem_names_what_is_not_built():
     assert "shared-mean at 4" in problem(32, 8, 128, "fp16", "fp16", "shared-mean")
     assert "not 96" in problem(32, 32, 96, "bf16", "bf16", "per-head")
     assert "not 16" in problem(128, 8, 128, "bf16", "bf16", "per-head")
-    assert "not fp8_e4m3" in problem(32, 8, 128, "bf16", "fp8_e4m3", "per-head")
+    assert "not fp8_e4m3" in problem(32, 8, 128, "fp8_e4m3", "fp16", "per-head", "bf16")
 
 
 def test_splits_and_tickets_of_the_benchmark_shapes():
