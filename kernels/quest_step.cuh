@@ -100,7 +100,8 @@ template <int D>
 QP_DEVICE void est_pages(const Step& s, int t, Stride within, PsPages& pg) {
   const EstTicket e = est_ticket<D>(s, t);
 #pragma unroll
-  for (int x = 0; x < PS_EST_TILES; ++x) load_pages(s.indices, e.walk, within, est_unit<D>(e, x), pg[x]);
+  for (int x = 0; x < PS_EST_TILES; ++x)
+    load_pages(s.indices, e.walk, within, est_unit<D>(e, x), pg[x]);
 }
 
 template <typename T, int D>
@@ -148,13 +149,14 @@ QP_DEVICE int estimate_run(const Step& s, int t0, int* fifo, int* slot) {
   const int c = threadIdx.x % LANES;
   const Stride within = Walk<true>{s.kv_heads, s.nnz, 0}.stride(PS_THREADS / LANES);
   auto est = [&](int t) { return s.kind(t) == PS_ESTIMATE; };
-  int t1 = take_ticket(s, slot);
-  int t2 = est(t1) ? take_ticket(s, slot) : PS_NONE;
   PsPages first, pg;
   PsBoxes<T> a, b;
-  est_pages<D>(s, t0, within, first);  // both tickets' ids before any box load waits
+  // The next two tickets' atomics run while this ticket's page ids, then boxes, load.
+  est_pages<D>(s, t0, within, first);
+  int t1 = take_ticket(s, slot);
   if (est(t1)) est_pages<D>(s, t1, within, pg);
   est_boxes<T, D>(s, t0, within, first, c, a);
+  int t2 = est(t1) ? take_ticket(s, slot) : PS_NONE;
   Request req;
   int scored = PS_NONE, parity = 0;
   // Two buffers swap roles each step (no register copies, which would wait on their loads).

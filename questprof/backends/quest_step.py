@@ -9,6 +9,7 @@ included, share it (concurrent streams would not).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import cupy
@@ -19,7 +20,7 @@ from questprof.backends import cupy as ops
 from questprof.backends.launch_args import (check_budget, check_kv, check_q, persistent_problem,
                                            persistent_ring_bytes, persistent_splits,
                                            persistent_tickets)
-from questprof.backends.pdl import Launcher, PlainLaunch
+from questprof.backends.pdl import Launcher, PlainLaunch, _driver
 
 _C = constants.load()
 PS_THREADS, PS_CTAS_PER_SM = _C["PS_THREADS"], _C["PS_CTAS_PER_SM"]
@@ -33,6 +34,23 @@ def step_launcher(pdl: bool = True) -> Launcher:
     """PDL launches of quest_step that release the next grid at once (its CTAs find room only as
     this grid's leave); plain launches where PDL is unavailable."""
     return Launcher(enabled=pdl, stages=(STAGE,), early=(STAGE,))
+
+
+@functools.cache
+def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int) -> int:
+    """Resident CTAs per SM of a build, as the driver computes them (cuda.bindings), at most
+    PS_CTAS_PER_SM (what __launch_bounds__ and the shared memory are sized for); PS_CTAS_PER_SM
+    where the driver cannot be asked. Any grid is correct: this only sizes the wave."""
+    try:
+        driver = _driver()
+        kernel = ops.load_kernel(STAGE, expression, defines)
+        err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(kernel.kernel.ptr), PS_THREADS, smem)
+        if err != driver.CUresult.CUDA_SUCCESS or blocks < 1:
+            return PS_CTAS_PER_SM
+        return min(PS_CTAS_PER_SM, int(blocks))
+    except Exception:  # no cuda.bindings here, or a stand-in for CuPy
+        return PS_CTAS_PER_SM
 
 
 def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
@@ -49,7 +67,12 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
                                  kv.dtype)
     if problem:
         raise ValueError(problem)
-    wave = PS_CTAS_PER_SM * ops._sm_count()
+    smem = persistent_ring_bytes(d)
+    tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
+    expression, defines = f"quest_step_kernel<{q_tag}, {d}, {tile}>", launch.defines(STAGE)
+    kernel = ops.load_kernel(STAGE, expression, defines)
+    kernel.max_dynamic_shared_size_bytes = smem
+    wave = _blocks_per_sm(expression, defines, smem) * ops._sm_count()
     rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
     if split_pages is None:
         splits, split_pages = persistent_splits(rows, row_pages, s, d, grid or wave)
@@ -69,11 +92,6 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
         ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
     state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
-    smem = persistent_ring_bytes(d)
-    tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
-    kernel = ops.load_kernel(STAGE, f"quest_step_kernel<{q_tag}, {d}, {tile}>",
-                             launch.defines(STAGE))
-    kernel.max_dynamic_shared_size_bytes = smem
     launch(kernel, (grid,), (PS_THREADS,), (
         q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
         count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
