@@ -195,3 +195,21 @@ def test_splits_and_tickets_of_the_benchmark_shapes():
     assert launch_args.persistent_splits(32, 256, 16, 128, 396) == (12, 22)
     assert launch_args.persistent_splits(4, 3, 16, 128, 396) == (1, 8)  # a warp's two tiles
     assert launch_args.persistent_ring_bytes(128) == launch_args.persistent_ring_bytes(64) == 65536
+
+
+def test_the_gpu_summary_table():
+    """tests/quest_step_table.py: both steps, dense and SDPA, the plain read and their ratios."""
+    from quest_step_table import table
+
+    case = {"model": "mha-32h-d128", "length": 32768, "batch": 1, "budget": 2048,
+            "mode": "per-head"}
+    rows = [{**case, "stage": "quest", "impl": "ours", "median_ms": 0.032},
+            {**case, "stage": "quest", "impl": "ours-persistent", "median_ms": 0.020,
+             "same_read_ms": 0.0176},
+            {**case, "stage": "dense", "impl": "ours", "median_ms": 0.128},
+            {**case, "stage": "dense", "impl": "torch-sdpa", "median_ms": 0.1257},
+            {**case, "stage": "quest", "impl": "ours-fused", "median_ms": None}]
+    head, _, line = table(rows)
+    assert head.startswith("| case | 3-kernel us | persistent us")
+    assert line == ("| mha-32h-d128 32K B1 b2048 per-head | 32.0 | 20.0 | 128.0 | 125.7 | 17.60 "
+                    "| 3.93 | 6.29 | 1.60 | 0.88 |")
