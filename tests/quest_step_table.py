@@ -29,8 +29,9 @@ def table(rows: list[dict]) -> list[str]:
     keys = sorted({(r["model"], r["length"], r["batch"], r["budget"], r["mode"]) for r in rows},
                   key=lambda k: (k[0], k[2], k[1], k[3], k[4]))
     lines = ["| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
+    name = lambda r: (r["model"], r["length"], r["batch"], r["budget"], r["mode"])  # noqa: E731
     for key in keys:
-        at = [r for r in rows if (r["model"], r["length"], r["batch"], r["budget"], r["mode"]) == key]
+        at = [r for r in rows if name(r) == key]
         get = lambda stage, impl: next((r for r in at if r["stage"] == stage  # noqa: E731
                                         and r["impl"] == impl and r.get("median_ms")), None)
         three, pers = get("quest", "ours"), get("quest", "ours-persistent")
