@@ -57,6 +57,20 @@ constexpr int ATT_MAX_PAGES = 512;  // pages of one split staged in shared memor
 constexpr int ATT_LOADS[] = {8, 8, 8, 8, 8};
 constexpr int ATT_STAGES[] = {3, 3, 3, 2, 2};
 
+// quest_step.cu (the Quest step as one persistent kernel): PS_THREADS = ATT_WARPS x 32 threads
+// per CTA (attention's warps), PS_CTAS_PER_SM resident per SM (3 x 65 KiB of shared memory: the
+// attention rings of PS_STAGES stages, top-K's keys in the same bytes); an estimate ticket is
+// PS_EST_TILES estimate tiles (2 x 16 units at D 128: 16 KiB of boxes in flight per CTA); a split
+// of attention holds at most PS_MAX_SPLIT_PAGES pages. Built for PS_HEAD_DIMS x PS_GROUPS (the
+// estimate's tile; attention runs per q head on tile 1), 16-bit caches, per-head selection.
+constexpr int PS_THREADS = 128;
+constexpr int PS_CTAS_PER_SM = 3;
+constexpr int PS_STAGES = 2;
+constexpr int PS_EST_TILES = 2;
+constexpr int PS_MAX_SPLIT_PAGES = 128;
+constexpr int PS_HEAD_DIMS[] = {64, 128};
+constexpr int PS_GROUPS[] = {1, 2, 4, 8};
+
 // Position of G in QP_GROUPS, -1 when G is not built (used in constant expressions only).
 __host__ __device__ constexpr int group_index(int g) {
   for (int i = 0; i < int(sizeof(QP_GROUPS) / sizeof(QP_GROUPS[0])); ++i)

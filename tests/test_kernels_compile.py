@@ -210,6 +210,9 @@ def test_instantiated_variants_are_the_constants(objects):
     want = set(itertools.product(("fp16", "bf16"), variants.FUSED_HEAD_DIMS, variants.GROUPS,
                                  (0, 1, 2)))
     assert _instances(objects("estimate_topk.cu"), "estimate_topk_kernel") == want
+    consts = constants.load()
+    want = set(itertools.product(("fp16", "bf16"), consts["PS_HEAD_DIMS"], consts["PS_GROUPS"]))
+    assert _instances(objects("quest_step.cu"), "quest_step_kernel") == want
 
 
 def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
@@ -270,22 +273,25 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
 
     import cupy_stub
     from conftest import full_plan
+    from questprof.backends.launch_args import persistent_problem
     from questprof.core.layout import random_paged_kv, random_queries
     from questprof.core.selectors import KernelForm
 
     sigs = {}
-    for source in ("attention.cu", "estimate.cu", "estimate_topk.cu", "summary.cu"):
+    for source in ("attention.cu", "estimate.cu", "estimate_topk.cu", "summary.cu",
+                   "quest_step.cu"):
         sigs.update(_signatures(objects(source)))
     topk_src = (KERNELS_DIR / "topk.cu").read_text(encoding="utf-8")
     sigs["topk_kernel"] = re.search(r"topk_kernel\(([^)]*)\)", topk_src).group(1).count(",") + 1
     stub = cupy_stub.make()
     names = ("questprof.backends.cupy", "questprof.backends.pdl",
-             "questprof.backends.cupy_selectors")
+             "questprof.backends.cupy_selectors", "questprof.backends.quest_step")
     saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
     monkeypatch.setitem(sys.modules, "cupy", stub)
     try:
         ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
         forms = importlib.import_module(names[2])
+        step = importlib.import_module(names[3])
         for qh, kvh, d, s, dtype, cache, summ in DRY_RUN:
             kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
                                  spare_pages=3, kv_dtype=cache, summary_dtype=summ)
@@ -297,6 +303,8 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
                 ops.attention(q, kv, sel, count)
                 if cache is None and d in variants.FUSED_HEAD_DIMS:
                     ops.estimate_topk(q, kv, 5, mode)
+                if not persistent_problem(qh, kvh, d, kv.kv_dtype, kv.summary_dtype, mode):
+                    step.quest_step(q, kv, 5, mode)
             ops.attention(q, kv)
             for form in (KernelForm(fp8=True), KernelForm(boxes=2), KernelForm(boxes=4),
                          KernelForm(rule="topp", param=0.5), KernelForm(rule="gap", param=1)):

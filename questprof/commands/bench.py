@@ -19,6 +19,7 @@ from questprof import SCENARIOS_DIR
 from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
+from questprof.commands.bench_forms import FORMS, form_gains, form_rows
 from questprof.results import OURS, make_row
 from questprof.workload.flashinfer import IMPL as FLASHINFER
 from questprof.workload.pools import check_cache, is_out_of_memory, release
@@ -27,8 +28,7 @@ BENCH_FILE = SCENARIOS_DIR / "bench.toml"
 POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
 STAGES = ROW_STAGES
 PEERS = (("dense", "torch-sdpa"), ("quest", "torch-naive"))
-FUSED, THREE_KERNELS = "ours-fused", "ours-3-kernels"  # the other form of our Quest step
-SAME_BYTES_STAGES = ("estimate", "attention", "dense")  # stages that stream their bytes once
+SAME_BYTES_STAGES = ("estimate", "attention", "dense", "quest")  # they stream their bytes once
 
 
 def load_bench(path=BENCH_FILE, quick: bool = False) -> tuple[list[Config], list[dict]]:
@@ -80,13 +80,10 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
-    if hasattr(backend, "fused") and _fused_built(cfg):  # the other form of our step
-        other = not backend.fused
-        rows.append(_row(cfg, "quest", FUSED if other else THREE_KERNELS, time(
-            lambda l: backend.quest(work.q, work.kvs[l], cfg.k_pages, cfg.mode, fused=other)),
-            work.work("quest"), ceiling, layers, backend))
-        rows[-1]["pipeline"] = work.quest_path.rsplit(", ", 1)[0] + (
-            ", fused" if other else ", 3 kernels")
+    rows += form_rows(cfg, backend, work, time, lambda impl, timing: _row(
+        cfg, "quest", impl, timing, work.work("quest"), ceiling, layers, backend),
+        lambda impl, why: make_row(cfg, "quest", scenario="bench", backend=backend.name,
+                                   impl=impl, layers=layers, status="skipped", reason=why))
     if selectors and not cfg.is_dense_budget:
         from questprof.commands.bench_selectors import selector_rows
         rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
@@ -99,7 +96,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     release(backend)
     if read_ms is not None:
         for r in rows:
-            if r["impl"] == OURS and r["stage"] in SAME_BYTES_STAGES:
+            if r["impl"] in FORMS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
                 ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))
                 if ms is not None:
                     r["same_read_ms"], r["same_ratio"] = ms, ms / r["median_ms"]
@@ -131,19 +128,12 @@ def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
     return rows
 
 
-def _fused_built(cfg: Config) -> bool:
-    """estimate_topk (the fused form) is built for this cache (16-bit) and head dim."""
-    from questprof.backends.variants import FUSED_HEAD_DIMS
-
-    return cfg.model.head_dim in FUSED_HEAD_DIMS and not cfg.model.is_fp8
-
-
 def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
     our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
-    over the pipeline's time: what running them as one step saves) and, beside a row of the
-    other form of our step, `fusion_gain` (3-kernel time / fused time: what fusing estimate and
-    top-K into estimate_topk saves, < 1 when it costs) and, beside FlashInfer's Quest step,
+    over the pipeline's time: what running them as one step saves), beside rows of our step's
+    other forms `fusion_gain` and `persistent_gain` (3-kernel time / that form's: > 1 where it is
+    faster; bench_forms.form_gains) and, beside FlashInfer's Quest step,
     `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
@@ -157,11 +147,8 @@ def add_speedups(rows: list[dict]) -> None:
         if r.get("impl") == OURS and len(parts) == len(model.QUEST_STAGES):
             r["stages_sum_ms"] = sum(parts.values())
             r["overlap_gain"] = r["stages_sum_ms"] / r["median_ms"]
-        other = [u for u in rows if u["stage"] == "quest"
-                 and u.get("impl") in (FUSED, THREE_KERNELS) and u.get("median_ms")]
-        if r.get("impl") == OURS and other:
-            fused, three = ((other[0], r) if other[0]["impl"] == FUSED else (r, other[0]))
-            r["fusion_gain"] = three["median_ms"] / fused["median_ms"]
+        if r.get("impl") == OURS:
+            form_gains(r, rows)
         peer = [u for u in rows if u["stage"] == "quest" and u.get("impl") == FLASHINFER
                 and u.get("median_ms")]
         if r.get("impl") == OURS and peer:
@@ -177,8 +164,8 @@ def _metric(rows: list[dict], goal: dict) -> float | None:
     get = lambda stage, impl=OURS: next((r for r in at if r["stage"] == stage  # noqa: E731
                                          and r["impl"] == impl and r.get("median_ms")), None)
     metric = goal["metric"]
-    if metric == "speedup":
-        quest = get("quest")
+    if metric == "speedup":  # of our default step, or of the form the goal names (impl)
+        quest = get("quest", goal.get("impl", OURS))
         return quest.get("speedup") if quest else None
     if metric == "dense_sdpa":
         ours, sdpa = get("dense"), get("dense", "torch-sdpa")
@@ -190,10 +177,12 @@ def _metric(rows: list[dict], goal: dict) -> float | None:
     if metric == "vs_flashinfer":
         quest = get("quest")
         return quest.get("vs_flashinfer") if quest else None
-    row = get(goal["stage"])
+    row = get(goal["stage"], goal.get("impl", OURS))
     if row is None:
         return None
-    return row.get("ratio") if metric == "ratio" else row["median_ms"] * 1e3
+    if metric in ("ratio", "same_ratio"):  # same_ratio: a plain cold read of its bytes / its time
+        return row.get(metric)
+    return row["median_ms"] * 1e3
 
 
 def goals(rows: list[dict], goal_list: list[dict]) -> list[tuple[str, float | None, str, bool | None]]:
@@ -201,8 +190,9 @@ def goals(rows: list[dict], goal_list: list[dict]) -> list[tuple[str, float | No
     out = []
     for goal in goal_list:
         case = goal["case"]
-        name = (f"{goal['metric']} {goal.get('stage', '')} {case.get('model')} "
-                f"{case.get('length', 0) // 1024}K B{case.get('batch')}").replace("  ", " ")
+        name = " ".join(f"{goal['metric']} {goal.get('stage', '')} {goal.get('impl', '')} "
+                        f"{case.get('model')} {case.get('length', 0) // 1024}K "
+                        f"B{case.get('batch')}".split())
         value = _metric(rows, goal)
         out.append((name, value, goal["target"], None if value is None else
                     _met(value, goal["target"])))
@@ -270,9 +260,11 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     df = pd.DataFrame(rows)
     df["us"] = df["median_ms"] * 1e3
     df["MB"] = (df["read_bytes"] + df["unmodelled_bytes"]) / 1e6
+    if "same_read_ms" in df:  # a plain cold read of the row's bytes
+        df["same_us"] = df["same_read_ms"] * 1e3
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
-            "bandwidth_gbs", "ratio", "same_ratio", "speedup", "dense_impl", "overlap_gain",
-            "fusion_gain", "vs_flashinfer", "pipeline", "method"]
+            "bandwidth_gbs", "ratio", "same_us", "same_ratio", "speedup", "dense_impl",
+            "overlap_gain", "fusion_gain", "persistent_gain", "vs_flashinfer", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))

@@ -1,0 +1,102 @@
+// The Quest step (docs/QUEST.md stages 2-4: estimate -> top-K -> sparse attention) as one
+// persistent kernel, so that the selection of early rows overlaps the estimate of later rows, and
+// the attention of early rows overlaps the selection of later ones. In three kernels (even with
+// programmatic dependent launch) every row's scores complete when the estimate ends, top-K then
+// runs with memory idle and attention ramps up after it: 32 us at 32K MHA batch 1 on an H200,
+// against 17.6 us for a plain cold read of the same 64 MiB (notes/KERNELS.md).
+//
+// One resident wave (PS_CTAS_PER_SM CTAs of PS_THREADS per SM) takes tickets of one work queue in
+// order with an atomic counter (kernels/quest_step.cuh, Step):
+//   estimate tickets: PS_EST_TILES tiles of (page, KV head) units, head-major (the units of KV
+//     head 0 for every request, then head 1, ...), scored with estimate.cuh's device code into
+//     the scores a three-kernel step writes (the same bits); the CTA publishes them (fence) and
+//     adds the units to a per-(KV head, request) count;
+//   select tickets, after each KV head's estimate tickets: one per (q head of that KV head,
+//     request); the CTA waits for the count to reach the request's pages, selects the row with
+//     topk.cuh's select_row (the same selection as topk.cu, ties included) and sets the row's ready
+//     flag (release);
+//   attention tickets, after every estimate and select ticket: (q head row, split) in the order
+//     the rows are selected; the CTA waits for the row's flag (acquire), runs the split's pages
+//     with attention_tile.cuh's CUDA-core tile (four warps, cp.async rings of PS_STAGES stages)
+//     and writes a partial (o, lse); the row's last split merges (as attention.cu).
+// Deadlock: a ticket only waits on tickets before it, whose CTAs hold them, run, and never wait on
+// a later ticket; so any grid size is safe (tests force 1 and 3 CTAs). A CTA takes estimate
+// tickets three ahead (their atomics and loads in flight), but no ticket while it selects or
+// waits: a held ticket of a later row would wait out the selection (rows would complete a
+// selection apart). Waits trap after 2^26 polls instead of hanging the GPU.
+//
+// State (counts, flags, the ticket) lives in a buffer that the launcher zeroes once: the merging
+// split resets its count, and the last CTA to finish resets the rest, so CUDA-graph replays need
+// no memset. Built for 16-bit caches at PS_HEAD_DIMS and per-head selection (any mode for one q
+// head per KV head), the estimate's tile G of PS_GROUPS; attention runs each q head as its own row
+// (tile 1), as the three-kernel step runs per-head selections. Other shapes take three kernels.
+#include "quest_step.cuh"
+
+// grid: one resident wave at most (any size works); block PS_THREADS; dynamic shared memory
+// ps_ring_bytes<T, D>(). state as Step says, zero at launch and zero again at the end; ws_o
+// [Hq B, splits, D] and ws_lse [Hq B, splits] when splits > 1.
+template <typename T, int D, int G>
+__global__ void __launch_bounds__(PS_THREADS, PS_CTAS_PER_SM)
+quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
+                  const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
+                  const int* __restrict__ indptr, const int* __restrict__ indices,
+                  const int* __restrict__ last_len, float* scores, int* sel,
+                  int* __restrict__ count, uint16_t* __restrict__ out, float* __restrict__ lse,
+                  float* ws_o, float* ws_lse, int* state, int batch, int q_heads, int kv_heads,
+                  int nnz, int k_pages, int sinks, int window, int splits, int split_pages,
+                  int page_shift, float scale_log2) {
+  static_assert(PS_THREADS == ATT_WARPS * 32, "attention's warps are the CTA");
+  static_assert(ps_ring_bytes<T, D>() >= PS_KEYS_AT * 16 + 1024, "room for top-K's keys");
+  static_assert(PS_CTAS_PER_SM * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
+                "PS_CTAS_PER_SM CTAs fit an H200 SM's shared memory");
+  extern __shared__ __align__(128) uint4 ps_smem[];
+  __shared__ int s_page[PS_MAX_SPLIT_PAGES], s_valid[PS_MAX_SPLIT_PAGES];
+  __shared__ int s_slot, s_fifo[2], s_last;
+  __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
+  grid_wait();     // the grid before may still write q, the summaries or the state
+  grid_release();  // the next grid's CTAs find room only as this one's leave
+  Step s{q, summ, k, v, indptr, indices, last_len, scores, sel, count, out, lse, ws_o, ws_lse,
+         state, batch, q_heads, kv_heads, q_heads / kv_heads, nnz, k_pages, sinks, window, splits,
+         split_pages, page_shift, scale_log2};
+  s.tph = (nnz + ps_ticket_units<D>() - 1) / ps_ticket_units<D>();
+  s.per_head = s.tph + batch * s.group;
+  s.est_end = kv_heads * s.per_head;
+  s.total = s.est_end + batch * q_heads * splits;
+  constexpr int KEYS_CAP = (ps_ring_bytes<T, D>() - PS_KEYS_AT * 16) / 4;
+  int t = take_ticket(s, &s_slot);
+  while (t < s.total) {  // block-uniform
+    const int kind = s.kind(t);
+    if (kind == PS_ESTIMATE) {
+      t = estimate_run<T, D, G>(s, t, s_fifo, &s_slot);
+    } else if (kind == PS_SELECT) {
+      select_item<PS_THREADS>(s, t, ps_smem, KEYS_CAP);
+      t = take_ticket(s, &s_slot);
+    } else {  // attention: the next ticket's atomic runs meanwhile
+      int next = 0;
+      if (threadIdx.x == 0) next = atomicAdd(state, 1);
+      attend_item<T, D>(s, t - s.est_end, ps_smem, s_page, s_valid, s_m, s_l, &s_last);
+      if (threadIdx.x == 0) s_slot = next;
+      __syncthreads();
+      t = s_slot;
+      __syncthreads();
+    }
+  }
+  // The last CTA to finish resets the ticket, the counts and the flags for the next launch.
+  if (threadIdx.x == 0) s_last = add_acq_rel(state + 1, 1) == (int)gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_THREADS) s.done()[i] = 0;
+  if (threadIdx.x == 0) state[0] = state[1] = 0;
+}
+
+#ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
+#include "instantiate.cuh"
+namespace qp_instantiate {
+struct QuestStep {
+  template <int T, int D, int G> static void run() {
+    if constexpr (builds_head_dim(D)) (void)&quest_step_kernel<Tag<T>, D, G>;
+  }
+};
+void quest_step_all() { Cross<QuestStep>::run<DTYPES, PS_HEAD_DIMS, PS_GROUPS>(); }
+}  // namespace qp_instantiate
+#endif

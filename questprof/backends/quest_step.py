@@ -1,0 +1,101 @@
+"""The Quest step as one persistent kernel (kernels/quest_step.cu): its launcher.
+
+`quest_step` checks the shape against what is built (`launch_args.persistent_problem`), sizes one
+resident wave of CTAs, the attention splits and the workspace, and launches on the current CuPy
+stream without synchronising. Its state (ticket, counts, flags) is one per-device buffer that is
+zeroed once and left at zero by every launch, so launches on one stream, CUDA-graph replays
+included, share it (concurrent streams would not).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import cupy
+import numpy as np
+
+from questprof.backends import constants, variants
+from questprof.backends import cupy as ops
+from questprof.backends.launch_args import (check_budget, check_kv, check_q, persistent_problem,
+                                           persistent_ring_bytes, persistent_splits,
+                                           persistent_tickets)
+from questprof.backends.pdl import Launcher, PlainLaunch, _driver
+
+_C = constants.load()
+PS_THREADS, PS_CTAS_PER_SM = _C["PS_THREADS"], _C["PS_CTAS_PER_SM"]
+PS_MAX_SPLIT_PAGES = _C["PS_MAX_SPLIT_PAGES"]
+STAGE = "quest_step"  # the stage name its PDL launcher knows it by
+_i32 = np.int32
+_plain = PlainLaunch()
+
+
+def step_launcher(pdl: bool = True) -> Launcher:
+    """PDL launches of quest_step that release the next grid at once (its CTAs find room only as
+    this grid's leave); plain launches where PDL is unavailable."""
+    return Launcher(enabled=pdl, stages=(STAGE,), early=(STAGE,))
+
+
+@functools.cache
+def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int) -> int:
+    """Resident CTAs per SM of a build, as the driver computes them (cuda.bindings), at most
+    PS_CTAS_PER_SM (what __launch_bounds__ and the shared memory are sized for); PS_CTAS_PER_SM
+    where the driver cannot be asked. Any grid is correct: this only sizes the wave."""
+    try:
+        driver = _driver()
+        kernel = ops.load_kernel(STAGE, expression, defines)
+        err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver.CUfunction(kernel.kernel.ptr), PS_THREADS, smem)
+        if err != driver.CUresult.CUDA_SUCCESS or blocks < 1:
+            return PS_CTAS_PER_SM
+        return min(PS_CTAS_PER_SM, int(blocks))
+    except Exception:  # no cuda.bindings here, or a stand-in for CuPy
+        return PS_CTAS_PER_SM
+
+
+def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
+               launch=_plain, grid: int | None = None, split_pages: int | None = None):
+    """One Quest step in one kernel: (out [B, Hq, d], lse [B, Hq], sel [Hq, B, K], count [B]),
+    the values of quest() in three kernels (sel, count bit for bit; out, lse bit for bit at the
+    same split_pages, else within the dtype's tolerance). grid: CTAs (default one resident wave);
+    split_pages: pages per attention split (default launch_args.persistent_splits')."""
+    q_tag, _, _ = check_kv(kv)
+    check_budget(k_pages, sinks, window)
+    q_heads, g = check_q(q, kv)
+    d, s, batch, nnz = kv.head_dim, kv.page_size, kv.batch, int(kv.kv_indices.size)
+    problem = persistent_problem(q_heads, kv.kv_heads, d, kv.kv_dtype, kv.summary_dtype, mode,
+                                 kv.dtype)
+    if problem:
+        raise ValueError(problem)
+    smem = persistent_ring_bytes(d)
+    tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
+    expression, defines = f"quest_step_kernel<{q_tag}, {d}, {tile}>", launch.defines(STAGE)
+    kernel = ops.load_kernel(STAGE, expression, defines)
+    kernel.max_dynamic_shared_size_bytes = smem
+    wave = _blocks_per_sm(expression, defines, smem) * ops._sm_count()
+    rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
+    if split_pages is None:
+        splits, split_pages = persistent_splits(rows, row_pages, s, d, grid or wave)
+    elif not 1 <= split_pages <= PS_MAX_SPLIT_PAGES:
+        raise ValueError(f"split_pages {split_pages} must be in 1..{PS_MAX_SPLIT_PAGES}")
+    else:
+        splits = -(-row_pages // split_pages)
+    total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits)
+    grid = max(1, min(grid or wave, total))
+    scores = cupy.empty((q_heads, nnz), dtype=cupy.float32)
+    sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
+    count = cupy.empty(batch, dtype=cupy.int32)
+    out = cupy.empty(q.shape, dtype=q.dtype)
+    lse = cupy.empty((batch, q_heads), dtype=cupy.float32)
+    ws_o = ws_lse = ops._NULL
+    if splits > 1:
+        ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
+        ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
+    state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
+    launch(kernel, (grid,), (PS_THREADS,), (
+        q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
+        count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
+        _i32(nnz), _i32(k_pages), _i32(sinks), _i32(window), _i32(splits), _i32(split_pages),
+        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d))),
+        shared_mem=smem, stage=STAGE)
+    return out, lse, sel, count
