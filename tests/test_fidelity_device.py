@@ -107,3 +107,53 @@ def test_a_nan_in_the_capture_is_one_clear_error(tiny):
         got.values[1][0, 1, 5, 3] = torch.nan
     with pytest.raises(ConfigError, match=r"layers\.1\.value holds 1 non-finite"):
         got.check()
+
+
+def test_the_gpu_index_class_on_the_device_path_gives_the_host_results(tiny, monkeypatch):
+    """PageIndex (a GPU backend's index: the backend's stages over one pool) under the device
+    path and the task, here over the NumPy reference backend, against the vectorised host
+    index: its selections stay backend arrays (host=False) with count min(K, pages)."""
+    from questprof.fidelity.select import PageIndex
+    batch = [random_tokens(97, 45, seed=s) for s in (1, 2)]
+    got = model_run.capture(tiny, batch, 3, "random-tokens")
+    backend, grid = get_backend("numpy"), FidelityGrid((8,), (16, 64), ("per-head", "shared-mean"))
+
+    def run():
+        bases = {8: model_run.base_indexes(got, backend, 8, "fp32", 0)}
+        metrics = device_eval.evaluate_captured(got, backend, grid, bases)
+        answers = model_run.task_answers(tiny, batch, got, bases[8], [8, 16], 8, "per-head", 1)
+        return metrics, answers
+
+    host = run()
+    make = lambda b, keys, s, dtype, cap: PageIndex(b, keys, s, dtype, cap)  # noqa: E731
+    monkeypatch.setattr(model_run, "page_index", make)
+    monkeypatch.setattr(device_eval, "page_index", make)
+    pool = run()
+    _same(pool[0], host[0])
+    assert pool[1] == host[1]
+
+
+@pytest.mark.gpu
+def test_the_device_path_on_the_gpu_equals_the_host_metrics_of_its_selections(gpu):
+    """On the GPU: captures on the device, indexes from them through DLPack, the CUDA kernels'
+    selections crossing back to torch, float64 metrics there; against the host path over the
+    same kernels (host captures and NumPy metrics). And the task: a budget over every page
+    answers as dense attention."""
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no GPU")
+    torch.manual_seed(5)
+    config = transformers.LlamaConfig(  # head dim 64: the kernels are built for it
+        hidden_size=576, intermediate_size=256, num_hidden_layers=3, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, vocab_size=97, max_position_embeddings=512)
+    model = transformers.LlamaForCausalLM(config).eval().to("cuda")
+    loaded = LoadedModel(model, None, "tiny-gpu", 512)
+    batch = [random_tokens(97, 301, seed=s) for s in (1, 2, 3)]
+    got = model_run.capture(loaded, batch, 4, "random-tokens")
+    assert got.keys[0].is_cuda
+    grid = FidelityGrid((8, 16, 32), (64, 128, 512), ("per-head", "shared-max"), "fp16")
+    new = device_eval.evaluate_captured(got, gpu, grid)
+    _same(new, evaluate_batch(got.captures, gpu, grid))
+    bases = model_run.base_indexes(got, gpu, 16, "fp16", 1)
+    answers = model_run.task_answers(loaded, batch, got, bases, [16, 512], 16, "per-head", 1)
+    assert [a[0] for a in answers[512]] == got.tokens  # 512 tokens: every page of 304
+    assert [len(a[0]) for a in answers[16]] == [4] * 3

@@ -48,7 +48,10 @@ def as_tensor(x, device) -> torch.Tensor:
         return x.to(device)
     if isinstance(x, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(x)).to(device)
-    return torch.from_dlpack(x).to(device)
+    try:
+        return torch.from_dlpack(x).to(device)
+    except (TypeError, BufferError):  # a CuPy without the stream-aware protocol: its CUDA
+        return torch.as_tensor(x, device=device)  # array interface (same default stream)
 
 
 def selection_masks(sel: torch.Tensor, count: int, heads: int, pages: int) -> torch.Tensor:

@@ -142,7 +142,11 @@ def on_backend(backend, x, dtype: str):
         import cupy
 
         from questprof.fidelity.device import storage
-        got = cupy.from_dlpack(storage(x.detach(), dtype).contiguous())
+        tensor = storage(x.detach(), dtype).contiguous()
+        try:
+            got = cupy.from_dlpack(tensor)
+        except (TypeError, BufferError):  # an older protocol: the CUDA array interface
+            got = cupy.asarray(tensor)
         return got.view(cupy.uint16) if dtype == "bf16" else got
     return backend.asarray(to_storage(np.asarray(on_host(x), dtype=np.float32), dtype))
 
