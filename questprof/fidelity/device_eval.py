@@ -52,9 +52,11 @@ def dense_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, n
     return qk.reshape(-1, n), weights.reshape(-1, n), out
 
 
-def page_stats(qk, weights, out, values: torch.Tensor, page_size: int, n: int) -> PageStats:
+def page_stats(qk, weights, out, values: torch.Tensor, page_size: int, n: int,
+               top: torch.Tensor) -> PageStats:
     """The page statistics of n tokens' attention at `page_size` (metrics.page_stats):
-    values [B * Hkv, L', d] are zero after the capture, L' >= the pages' tokens."""
+    values [B * Hkv, L', d] are zero after the capture, L' >= the pages' tokens; top [H, T]:
+    the top tokens."""
     heads, rows, d = weights.shape[0], values.shape[0], values.shape[2]
     pages = pages_for(n, page_size)
     span, group = pages * page_size, heads // rows
@@ -64,9 +66,32 @@ def page_stats(qk, weights, out, values: torch.Tensor, page_size: int, n: int) -
     # an einsum: 1.5x faster than the batched matmul of [rows, P, g, S] @ [rows, P, S, d]
     # on one CPU core (2026-12-01, 12 rows of 256 pages)
     pv = torch.einsum("rgps,rpsd->rgpd", w.reshape(rows, group, pages, page_size), paged_v)
-    top = torch.topk(weights, min(TOP_TOKENS, n), dim=1).indices
     return PageStats(w.sum(dim=2), max_qk.amax(dim=2), pv.reshape(heads, pages, d),
                      top // page_size, out)
+
+
+def _coarser(fine: PageStats, ratio: int, page_size: int, n: int, top) -> PageStats:
+    """The statistics at `page_size` from those of pages `ratio` times smaller (sums and
+    maxima of whole fine pages: no second pass over the values)."""
+    pages = pages_for(n, page_size)
+    pad = pages * ratio - fine.mass.shape[1]
+    heads, d = fine.mass.shape[0], fine.weighted_v.shape[2]
+    mass = F.pad(fine.mass, (0, pad)).reshape(heads, pages, ratio).sum(dim=2)
+    max_qk = F.pad(fine.max_qk, (0, pad), value=-torch.inf).reshape(heads, pages, ratio)
+    pv = F.pad(fine.weighted_v, (0, 0, 0, pad)).reshape(heads, pages, ratio, d).sum(dim=2)
+    return PageStats(mass, max_qk.amax(dim=2), pv, top // page_size, fine.out)
+
+
+def step_stats(qk, weights, out, values, page_sizes, n: int) -> dict:
+    """{S: page_stats} of one step for every page size: a size that a smaller one divides
+    sums that one's pages (8 -> 16 -> 32 reads the values once, not three times)."""
+    top = torch.topk(weights, min(TOP_TOKENS, n), dim=1).indices
+    stats: dict = {}
+    for s in sorted(page_sizes):
+        finer = [f for f in stats if s % f == 0]
+        stats[s] = (_coarser(stats[max(finer)], s // max(finer), s, n, top) if finer
+                    else page_stats(qk, weights, out, values, s, n, top))
+    return stats
 
 
 def _oracles(mass: torch.Tensor, counts: list[int]) -> torch.Tensor:
@@ -173,11 +198,11 @@ def evaluate_layer(captured, layer: int, backend, grid, out, positions, bases=No
         q = state.queries[:, step]                                        # [B, Hq, d]
         qk, weights, dense_out = dense_attention(q, state.flat_keys, state.flat_values, n,
                                                  captured.scaling)
+        stats = step_stats(qk, weights, dense_out, state.flat_values, state.indexes, n)
         for s, index in state.indexes.items():
             if step:
                 index.append(state.keys[:, :, n - 1:n])
-            stats = page_stats(qk, weights, dense_out, state.flat_values, s, n)
-            _settings(state, s, q, stats, grid, out, (positions, layer, step))
+            _settings(state, s, q, stats[s], grid, out, (positions, layer, step))
 
 
 @torch.inference_mode()
