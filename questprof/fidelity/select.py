@@ -49,7 +49,8 @@ class PageIndex:
         pool[:, :length] = stored_keys.transpose(0, 2, 1, 3)
         pool = xp.ascontiguousarray(pool.reshape(batch * self.room, page_size, kv_heads, d)
                                     .transpose(0, 2, 1, 3))
-        summary = to_storage(np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32), dtype)
+        nan = to_storage(np.full(1, np.nan, np.float32), dtype)  # filled where it lives: 31 MB
+        summary = xp.full((pool.shape[0], kv_heads, 2, d), nan[0], dtype=nan.dtype)  # at S = 8
         self.kv = backend.put(PagedKV(pool, pool, summary, np.zeros(batch + 1, np.int32),
                                       np.arange(pool.shape[0], dtype=np.int32),
                                       np.ones(batch, np.int32), (length,) * batch, page_size,
