@@ -55,10 +55,16 @@ def test_metrics_where_the_model_ran_equal_the_host_path(tiny, dtype, length):
 
 
 def test_rounding_to_storage_matches_the_host(rng):
+    """Values and storage bits (what the kernels read, bf16 as 16 bits) as the host makes them."""
+    from questprof.core.layout import to_storage
+    from questprof.fidelity.device import storage
     x = (rng.standard_normal((5, 301)) * np.logspace(-6, 4, 301)).astype(np.float32)
     for dtype in ("fp32", "fp16", "bf16"):
         np.testing.assert_array_equal(stored(torch.from_numpy(x), dtype).numpy(),
                                       host_stored(x, dtype))
+        bits = storage(torch.from_numpy(x), dtype).numpy()
+        want = to_storage(x, dtype)
+        np.testing.assert_array_equal(bits.view(want.dtype), want)
 
 
 @pytest.mark.parametrize("mode_heads", [6, 2])  # per-head (Hs = Hq) and shared (Hs = Hkv)
