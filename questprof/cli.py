@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -312,10 +313,15 @@ def fidelity(
         "reports/fidelity-<source>-<timestamp>/"))] = None,
 ) -> None:
     """What each page size and budget keeps of dense attention, on real or synthetic caches."""
-    from questprof.commands.fidelity import fidelity_command
+    from questprof.commands.fidelity import fidelity_command, phase_table
 
     args = {k: v for k, v in locals().items() if k != "out_dir"}
-    target = fidelity_command(args, out_dir, sys.argv[1:],
+    started, phases = time.perf_counter(), {}
+    target = fidelity_command(args, out_dir, sys.argv[1:], phases=phases,
                               log=lambda msg: console.out.print(msg, highlight=False))
+    report = time.perf_counter()
     _write_report(target)
+    phases["report"] = time.perf_counter() - report
     console.out.print(f"results: {target}", highlight=False)
+    for line in phase_table(phases, time.perf_counter() - started):
+        console.out.print(line, highlight=False, markup=False)

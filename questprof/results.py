@@ -115,7 +115,12 @@ class ResultsWriter:
 
     def append(self, row: dict) -> None:
         """Put one row on disk now (flushed and fsynced)."""
-        self._rows.write(json.dumps(row, default=_json_default) + "\n")
+        self.extend([row])
+
+    def extend(self, rows: list[dict]) -> None:
+        """Put rows on disk now, with one fsync (5 ms each on the 2-core CPU's ext4 disk,
+        2026-12-01: 21 s for the 4185 rows of one fidelity length, row by row)."""
+        self._rows.write("".join(json.dumps(row, default=_json_default) + "\n" for row in rows))
         self._rows.flush()
         os.fsync(self._rows.fileno())
 
@@ -157,8 +162,7 @@ def append_rows(out_dir, rows: list[dict], **meta) -> None:
     old = load(out_dir)[1]
     with ResultsWriter(out_dir, old) as writer:
         writer.write_meta(**meta)
-        for row in rows:
-            writer.append(row)
+        writer.extend(rows)
 
 
 def read_rows(out_dir) -> list[dict]:

@@ -124,3 +124,21 @@ def test_fidelity_into_a_sweep_directory_draws_the_frontier(tmp_path):
     assert meta["scenario"] == scenario and meta["min_recall"] == 0.2
     html = (out / "report.html").read_text()
     assert "fig-fidelity-frontier" in html and "Recommended</b>: page 16" in html
+
+
+def test_a_model_run_ends_with_its_phase_table(tmp_path):
+    """Seconds per phase, last: what a GPU run shows of where its time went."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    result = run("--source", "passkey", "--model", "random:smoke", "--lengths", "200",
+                 "--prompts", "2", "--steps", "2", "--page-size", "8,16", "--budget", "32,64",
+                 "--backend", "numpy", "--out", out)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    table = lines[lines.index("phase      seconds"):]
+    names = [line.split()[0] for line in table[1:]]
+    assert names[:4] == ["backend", "load", "capture", "index"] and names[-1] == "total"
+    assert {"metrics", "task", "rows", "write", "report"} <= set(names)
+    assert all(float(line.split()[1]) >= 0 for line in table[1:])
+    df = results.load(out)[0]
+    assert len(df[df["layer"].isna() & df["step"].isna()]) == 4  # 2 page sizes x 2 budgets

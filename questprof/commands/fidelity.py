@@ -160,27 +160,56 @@ def _joined_meta(out_dir: Path, fresh: dict) -> dict:
             "fidelity_command": fresh["command"]}
 
 
+SYNC_ROWS = 1000  # rows written per fsync: a length's rows come at once, 4185 at 2K
+
+
 def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto",
-                 command: str = "questprof fidelity", log=print) -> Path:
-    """Measure `request` into out_dir (rows.jsonl, results.parquet, meta.json); returns out_dir."""
+                 command: str = "questprof fidelity", log=print,
+                 phases: dict | None = None) -> Path:
+    """Measure `request` into out_dir (rows.jsonl, results.parquet, meta.json); returns out_dir.
+    phases: seconds per phase are added to it (a real model's load, capture, index, metrics,
+    task, rows; write: putting rows on disk)."""
     from questprof.backends import get_backend
     from questprof.fidelity.runner import fidelity_rows
     check_min_recall(min_recall)
+    phases = {} if phases is None else phases
+    started = time.perf_counter()
     backend = get_backend(backend_name)
+    phases["backend"] = time.perf_counter() - started
     request = with_dtype(request, backend)
     out_dir = Path(out_dir)
-    started = time.perf_counter()
-    produced = fidelity_rows(request, backend, log)
+    produced = fidelity_rows(request, backend, log, phases)
     first = next(produced, None)  # a bad model or cache file fails here, before out_dir exists
     meta = _joined_meta(out_dir, _meta(request, backend, command, min_recall))
     with ResultsWriter(out_dir, meta) as writer:
-        count = 0
-        for row in itertools.chain([first] if first is not None else [], produced):
-            writer.append(row)
-            count += 1
+        count, waiting = 0, []
+        try:
+            for row in itertools.chain([first] if first is not None else [], produced):
+                waiting.append(row)
+                count += 1
+                if len(waiting) >= SYNC_ROWS:
+                    _write(writer, waiting, phases)
+        finally:
+            _write(writer, waiting, phases)
         writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
     log(f"{count} rows in {time.perf_counter() - started:.1f} s")
     return out_dir
+
+
+def _write(writer, rows: list[dict], phases: dict) -> None:
+    """Rows on disk (one fsync), emptied from `rows`; the seconds added to phases['write']."""
+    started = time.perf_counter()
+    if rows:
+        writer.extend(rows)
+    rows.clear()
+    phases["write"] = phases.get("write", 0.0) + time.perf_counter() - started
+
+
+def phase_table(phases: dict, total: float) -> list[str]:
+    """Lines of a small table: seconds per phase of a fidelity run, then the whole command."""
+    lines = ["phase      seconds"]
+    lines += [f"{name:<10} {seconds:7.1f}" for name, seconds in phases.items()]
+    return lines + [f"{'total':<10} {total:7.1f}"]
 
 
 def real_model_available() -> bool:
@@ -245,8 +274,10 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
     return len(rows)
 
 
-def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
-    """The whole `questprof fidelity` from the CLI's values: returns the results directory."""
+def fidelity_command(args: dict, out_dir, argv, log=print,
+                     phases: dict | None = None) -> Path:
+    """The whole `questprof fidelity` from the CLI's values: returns the results directory
+    (phases: filled with seconds per phase, run_fidelity)."""
     from datetime import datetime
     request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
@@ -257,4 +288,5 @@ def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")
     command = " ".join(["questprof", *argv])
-    return run_fidelity(request, args["min_recall"], target, args["backend"], command, log)
+    return run_fidelity(request, args["min_recall"], target, args["backend"], command, log,
+                        phases)

@@ -76,10 +76,15 @@ def _check_finite(cap: Capture, origin: str) -> None:
     and every metric are undefined there (a traceback in the report, before this check)."""
     bad = []
     for layer in range(cap.layers):
-        for name, x in zip(_layer_names(layer), (cap.queries, cap.keys, cap.values)):
+        for name, x in zip(layer_names(layer), (cap.queries, cap.keys, cap.values)):
             count = x[layer].size - int(np.count_nonzero(np.isfinite(x[layer])))
             if count:
                 bad.append((name, count, x[layer].size))
+    raise_nonfinite(bad, origin)
+
+
+def raise_nonfinite(bad: list[tuple[str, int, int]], origin: str) -> None:
+    """ConfigError naming the first of `bad` (tensor name, non-finite values, size), if any."""
     if bad:
         name, count, size = bad[0]
         more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
@@ -88,7 +93,7 @@ def _check_finite(cap: Capture, origin: str) -> None:
                           f"there; capture in fp32 or bf16, or leave those steps out")
 
 
-def _layer_names(layer: int) -> tuple[str, str, str]:
+def layer_names(layer: int) -> tuple[str, str, str]:
     return f"layers.{layer}.query", f"layers.{layer}.key", f"layers.{layer}.value"
 
 
@@ -97,7 +102,7 @@ def save_capture(path, cap: Capture) -> Path:
     from safetensors.numpy import save_file
     tensors = {}
     for layer in range(cap.layers):
-        names = _layer_names(layer)
+        names = layer_names(layer)
         for name, x in zip(names, (cap.queries[layer], cap.keys[layer], cap.values[layer])):
             tensors[name] = np.ascontiguousarray(x, dtype=np.float32)
     meta = {"format": FORMAT, "model": cap.model, "source": cap.source,
@@ -125,7 +130,7 @@ def load_capture(path) -> Capture:
         with safe_open(str(path), framework="numpy") as f:
             meta, names = f.metadata() or {}, set(f.keys())
             layers = _meta_int(meta, "layers", path)
-            wanted = [n for layer in range(layers) for n in _layer_names(layer)]
+            wanted = [n for layer in range(layers) for n in layer_names(layer)]
             missing = [n for n in wanted if n not in names]
             if missing:
                 raise ConfigError(f"{path}: {len(missing)} tensor(s) missing, first {missing[0]!r} "

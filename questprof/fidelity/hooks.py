@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 
-import numpy as np
 import torch
 
 
@@ -55,7 +54,7 @@ class active:
 
 class Recorder:
     """Records each layer's decode queries [B, Hq, d] per step and its latest cache
-    [B, Hkv, L, d] (a batch of prompts of equal length)."""
+    [B, Hkv, L, d] (a batch of prompts of equal length), where the model runs."""
 
     def __init__(self, layers: int) -> None:
         self.queries = [[] for _ in range(layers)]
@@ -64,17 +63,16 @@ class Recorder:
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
-        self.queries[layer].append(query[:, :, 0].detach().float().cpu())
+        self.queries[layer].append(query[:, :, 0].detach().float().clone())
         self.keys[layer], self.values[layer] = key.detach(), value.detach()
         self.scaling = float(module.scaling)
         return None  # the model's own attention computes the output
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """queries [B, layers, steps, Hq, d], keys and values [B, layers, Hkv, L, d], float32."""
+    def tensors(self) -> tuple[torch.Tensor, list, list]:
+        """queries [B, layers, steps, Hq, d] float32, and each layer's keys and values
+        [B, Hkv, L, d] (views of the model's cache, its dtype), on the model's device."""
         q = torch.stack([torch.stack(steps, dim=1) for steps in self.queries], dim=1)
-        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1)
-                for xs in (self.keys, self.values))
-        return q.numpy(), k.numpy(), v.numpy()
+        return q, list(self.keys), list(self.values)
 
 
 def with_room(cache, room: int):

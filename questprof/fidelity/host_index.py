@@ -16,8 +16,15 @@ from questprof.core.layout import from_storage, pages_for, to_storage
 from questprof.core.stages import check_mode
 
 
+def on_host(x):
+    """x as the host holds it: a torch tensor (on any device) copied to a NumPy array."""
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x
+
+
 def stored(x, dtype: str) -> np.ndarray:
-    """Values as the cache stores them (rounded to `dtype`), as float32."""
+    """Values as the cache stores them (rounded to `dtype`), as float32 (x: an array, or a
+    torch tensor anywhere)."""
+    x = on_host(x)
     if dtype == "fp32":
         return np.asarray(x, dtype=np.float32)
     return from_storage(to_storage(np.asarray(x, dtype=np.float32), dtype), dtype).astype(
@@ -100,8 +107,9 @@ class HostIndex:
         """(page positions [Hs, B, K] ascending, -1 padded; count): top-K, tail page in."""
         return topk(self.to_host(scores), k_pages)
 
-    def select_many(self, scores, ks) -> dict:
-        """{K: select(scores, K)} for several budgets, from one ordering of the pages."""
+    def select_many(self, scores, ks, host: bool = True) -> dict:
+        """{K: select(scores, K)} for several budgets, from one ordering of the pages (host
+        arrays either way)."""
         order = _order(self.to_host(scores))
         return {k: _take(order, k) for k in ks}
 

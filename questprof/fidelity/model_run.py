@@ -11,11 +11,12 @@ copied for each budget.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 from questprof.core.config import ConfigError
-from questprof.fidelity.capture import Capture
+from questprof.fidelity.capture import Capture, layer_names, raise_nonfinite
 from questprof.fidelity.hooks import Recorder, active, decode, install, prefill, with_room
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
@@ -24,13 +25,68 @@ from questprof.fidelity.select import page_index
 
 @dataclass
 class Captured:
-    """Captures of a batch of prompts with their dense answers and the prefilled cache (each
-    prompt minus its last token, `prefix` tokens)."""
+    """A batch of prompts' decode queries and caches, where the model ran: queries [B, layers,
+    steps, Hq, d] float32, each layer's keys and values [B, Hkv, L, d] (the model's dtype);
+    the dense answers, each prompt's info, and the prefilled cache (each prompt minus its
+    last token, `prefix` tokens). `captures`: the same as host Captures, made when asked."""
 
-    captures: list[Capture]
+    queries: torch.Tensor
+    keys: list
+    values: list
+    scaling: float
+    model: str
+    source: str
+    infos: list[dict]
     tokens: list[list[int]]
     cache: object
     prefix: int
+
+    @property
+    def layers(self) -> int:
+        return int(self.queries.shape[1])
+
+    @property
+    def steps(self) -> int:
+        return int(self.queries.shape[2])
+
+    @property
+    def q_heads(self) -> int:
+        return int(self.queries.shape[3])
+
+    @property
+    def kv_heads(self) -> int:
+        return int(self.keys[0].shape[1])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.keys[0].shape[3])
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    def step_length(self, step: int) -> int:
+        """Tokens that the queries of decode step `step` attend to (Capture.step_length)."""
+        return self.length - self.steps + 1 + step
+
+    def check(self, origin: str = "capture") -> "Captured":
+        """Capture.check's finite test, counted on the device (one wait for all tensors)."""
+        tensors = [(name, x) for layer in range(self.layers) for name, x in
+                   zip(layer_names(layer), (self.queries[:, layer], self.keys[layer],
+                                            self.values[layer]))]
+        counts = torch.stack([(~torch.isfinite(x)).sum() for _, x in tensors]).tolist()
+        raise_nonfinite([(name, c, x.numel()) for (name, x), c in zip(tensors, counts) if c],
+                        origin)
+        return self
+
+    @cached_property
+    def captures(self) -> list[Capture]:
+        """One host Capture per prompt (float32 NumPy): the NumPy references' input."""
+        q = self.queries.cpu().numpy()
+        k, v = (torch.stack([x.float().cpu() for x in xs], dim=1).numpy()
+                for xs in (self.keys, self.values))
+        return [Capture(q[i], k[i], v[i], self.scaling, self.model, self.source, info)
+                for i, info in enumerate(self.infos)]
 
 
 def check_fits(loaded: LoadedModel, prompt: Prompt, steps: int) -> None:
@@ -66,15 +122,13 @@ def capture(loaded: LoadedModel, batch: list[Prompt], steps: int, source: str) -
     recorder = Recorder(model.config.num_hidden_layers)
     with active(recorder):
         tokens = decode(model, cache, [p.ids[-1] for p in batch], steps)
-    q, k, v = recorder.arrays()
-    caps = []
+    infos = []
     for i, prompt in enumerate(batch):
         text = loaded.tokenizer.decode(tokens[i]) if loaded.tokenizer is not None else ""
-        info = {"prompt": prompt.label, "answer": prompt.answer, "generated": text,
-                "dense_correct": answered(loaded.tokenizer, prompt, tokens[i])}
-        caps.append(Capture(q[i], k[i], v[i], recorder.scaling, loaded.name, source,
-                            info).check())
-    return Captured(caps, tokens, cache, n - 1)
+        infos.append({"prompt": prompt.label, "answer": prompt.answer, "generated": text,
+                      "dense_correct": answered(loaded.tokenizer, prompt, tokens[i])})
+    return Captured(*recorder.tensors(), recorder.scaling, loaded.name, source, infos, tokens,
+                    cache, n - 1).check()
 
 
 def shared_prefixes(ids: torch.Tensor) -> tuple[int, torch.Tensor]:
@@ -113,17 +167,12 @@ def prefill_shared(model, ids: torch.Tensor):
 
 def base_indexes(captured: Captured, backend, page_size: int, dtype: str,
                  dense_layers: int) -> dict:
-    """{layer: index of the prefilled keys [B, Hkv, prefix, d]} for layers >= dense_layers."""
-    caps = captured.captures
-    capacity = captured.prefix + caps[0].steps
-    return {layer: page_index(backend, _stack_keys(caps, layer, captured.prefix), page_size,
+    """{layer: index of the prefilled keys [B, Hkv, prefix, d]} for layers >= dense_layers
+    (built where the backend runs: from the device's keys on a GPU)."""
+    capacity = captured.prefix + captured.steps
+    return {layer: page_index(backend, captured.keys[layer][:, :, :captured.prefix], page_size,
                               dtype, capacity)
-            for layer in range(dense_layers, caps[0].layers)}
-
-
-def _stack_keys(caps: list[Capture], layer: int, tokens: int):
-    import numpy as np
-    return np.stack([c.keys[layer, :, :tokens] for c in caps])
+            for layer in range(dense_layers, captured.layers)}
 
 
 @torch.inference_mode()
@@ -134,7 +183,7 @@ def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, b
     dense_layers, every budget of `page_size` in one decode (task.py). base: base_indexes at
     this page size."""
     from questprof.fidelity.task import SettingsHook, shared_cache
-    steps, prompts, copies = captured.captures[0].steps, len(batch), len(budgets)
+    steps, prompts, copies = captured.steps, len(batch), len(budgets)
     cache = shared_cache(captured.cache, prompts, copies, captured.prefix, steps)
     indexes = {layer: index.tiled(copies) for layer, index in base.items()
                if layer >= dense_layers}

@@ -11,7 +11,7 @@ from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
-from questprof.fidelity.selectors import evaluate_selectors, has_quest
+from questprof.fidelity.selectors import evaluate_selectors, has_quest, others
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
 PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
@@ -42,8 +42,8 @@ class Request:
         return self.depths or prompts.spread_depths(self.prompts)
 
 
-def _meta(cap: Capture, request: Request, backend, scenario: str, source: str) -> dict:
-    """Key fields of every row of one capture."""
+def _meta(cap, request: Request, backend, scenario: str, source: str) -> dict:
+    """Key fields of every row of one capture (a Capture or a model_run.Captured)."""
     return {"scenario": scenario, "model": cap.model, "layers": cap.layers,
             "q_heads": cap.q_heads, "kv_heads": cap.kv_heads, "head_dim": cap.head_dim,
             "dtype": request.grid.dtype, "source": source, "backend": backend.name}
@@ -131,36 +131,47 @@ def chunk_size(model, tokens: int, memory: int | None = None) -> int:
 
 
 class _Tally:
-    """Seconds spent per phase of one length, summed over its chunks; each phase logged."""
+    """Seconds spent per phase of one length, summed over its chunks; each phase logged and
+    added to `phases` (the whole run's)."""
 
-    def __init__(self, log, what: str) -> None:
+    def __init__(self, log, what: str, phases: dict | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.log, self.what = log, what
+        self.phases = {} if phases is None else phases
 
-    def add(self, phase: str, started: float) -> None:
+    def add(self, phase: str, started: float, on=None) -> None:
+        """Time since `started` to `phase`, once the device of tensor `on` (if any) is idle."""
+        if on is not None and on.is_cuda:
+            import torch
+            torch.cuda.synchronize(on.device)
         took = time.perf_counter() - started
         self.seconds[phase] = self.seconds.get(phase, 0.0) + took
+        self.phases[phase] = self.phases.get(phase, 0.0) + took
         self.log(f"{self.what}: {phase} {took:.1f} s")
 
 
 def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally):
     """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk.
 
-    torch runs on one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4)
-    capturing 4 prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the
-    CPU time: the second thread waits on the other jobs); the metrics and the task are small
-    ops either way."""
+    The captures stay on the model's device and the metrics are computed there
+    (device_eval.py); only other selectors' NumPy references take host copies. torch runs on
+    one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4) capturing 4
+    prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the CPU time:
+    the second thread waits on the other jobs); the metrics and the task are small ops
+    either way."""
+    from questprof.fidelity.device_eval import evaluate_captured
     from questprof.fidelity.model_run import base_indexes, capture, task_answers
     grid, answers = request.grid, {}
     with one_thread():
         started = time.perf_counter()
         captured = capture(loaded, chunk, request.steps, source)
-        tally.add("capture", started)
+        tally.add("capture", started, captured.queries)
         started = time.perf_counter()
         bases = {s: base_indexes(captured, backend, s, grid.dtype, 0) for s in grid.page_sizes}
-        quest = (evaluate_batch(captured.captures, backend, grid, bases=bases)
-                 if has_quest(grid) else {})
-        metrics = with_selectors(quest, captured.captures, grid)
+        tally.add("index", started)
+        started = time.perf_counter()
+        quest = evaluate_captured(captured, backend, grid, bases) if has_quest(grid) else {}
+        metrics = with_selectors(quest, captured.captures if others(grid) else [], grid)
         tally.add("metrics", started)
         if request.task and (chunk[0].answer or loaded.tokenizer is None):
             started, mode = time.perf_counter(), grid.modes[0]
@@ -170,23 +181,24 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
                                    request.dense_layers)
                 answers.update({(size, b, mode): got[b] for b in budgets})
             tally.add("task", started)
-    caps = captured.captures
-    return metrics, answers, [c.info for c in caps], _meta(caps[0], request, backend, source,
-                                                             source)
+    return metrics, answers, captured.infos, _meta(captured, request, backend, source, source)
 
 
-def model_rows(request: Request, backend, log):
-    """Captures of a real model's decode steps on passkey or natural prompts, then the task."""
+def model_rows(request: Request, backend, log, phases: dict | None = None):
+    """Captures of a real model's decode steps on passkey or natural prompts, then the task;
+    seconds per phase added to `phases`."""
     from questprof.fidelity.model_run import check_fits
     from questprof.fidelity.models import load_model
+    started = time.perf_counter()
     loaded = load_model(request.model, request.seed)
+    _Tally(log, loaded.name, phases).add("load", started)
     source = request.source if loaded.tokenizer is not None else "random-tokens"
     for length in request.lengths:
         batch = _prompts(loaded, request, _prompt_tokens(loaded, length, request.steps))
         for prompt in batch:  # fail before the first capture when any prompt is too long
             check_fits(loaded, prompt, request.steps)
         size = chunk_size(loaded.model, len(batch[0].ids) + request.steps)
-        tally = _Tally(log, f"{loaded.name} {length} tokens")
+        tally = _Tally(log, f"{loaded.name} {length} tokens", phases)
         parts, answers, infos = [], {}, []
         for i in range(0, len(batch), size):
             metrics, got, info, meta = _chunk(loaded, batch[i:i + size], request, backend,
@@ -195,12 +207,15 @@ def model_rows(request: Request, backend, log):
             infos += info
             for key, value in got.items():
                 answers.setdefault(key, []).extend(value)
+        started = time.perf_counter()
+        made = rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
+        if answers and batch[0].answer:
+            made += list(task_rows(loaded, batch, infos, answers, meta, length))
+        tally.add("rows", started)
         times = ", ".join(f"{k} {v:.1f} s" for k, v in tally.seconds.items())
         log(f"{loaded.name} {length} tokens, {len(batch)} prompt(s) in chunks of "
             f"{min(size, len(batch))}: {times} in all")
-        yield from rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
-        if answers and batch[0].answer:
-            yield from task_rows(loaded, batch, infos, answers, meta, length)
+        yield from made
 
 
 def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, length: int):
@@ -214,7 +229,11 @@ def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, lengt
         yield row
 
 
-def fidelity_rows(request: Request, backend, log=lambda msg: None):
-    """Every result row of `request`, as they are ready (a generator)."""
-    make = {"synthetic": synthetic_rows, "cache": cache_rows}.get(request.source, model_rows)
-    yield from make(request, backend, log)
+def fidelity_rows(request: Request, backend, log=lambda msg: None, phases: dict | None = None):
+    """Every result row of `request`, as they are ready (a generator); a real model's run adds
+    its seconds per phase (load, capture, index, metrics, task, rows) to `phases`."""
+    if request.source in ("synthetic", "cache"):
+        yield from {"synthetic": synthetic_rows, "cache": cache_rows}[request.source](
+            request, backend, log)
+    else:
+        yield from model_rows(request, backend, log, phases)

@@ -23,7 +23,7 @@ import copy
 import numpy as np
 
 from questprof.core.layout import PagedKV, append_plan, pages_for, to_storage
-from questprof.fidelity.host_index import HostIndex, stored
+from questprof.fidelity.host_index import HostIndex, on_host, stored
 
 __all__ = ["HostIndex", "PageIndex", "page_index", "stored"]
 
@@ -40,17 +40,17 @@ class PageIndex:
     `capacity` tokens each."""
 
     def __init__(self, backend, keys, page_size: int, dtype: str, capacity: int) -> None:
-        keys = np.asarray(keys, dtype=np.float32)
         batch, kv_heads, length, d = keys.shape
         self.backend, self.page_size, self.dtype = backend, page_size, dtype
         self.batch, self.room = batch, pages_for(capacity, page_size)
         xp = _xp(backend)  # the pool is laid out where it lives: 126 MB of keys for 20 prompts
-        stored_keys = backend.asarray(to_storage(keys, dtype))        # of 8K tokens per layer
+        stored_keys = on_backend(backend, keys, dtype)                # of 8K tokens per layer
         pool = xp.zeros((batch, self.room * page_size, kv_heads, d), stored_keys.dtype)
         pool[:, :length] = stored_keys.transpose(0, 2, 1, 3)
         pool = xp.ascontiguousarray(pool.reshape(batch * self.room, page_size, kv_heads, d)
                                     .transpose(0, 2, 1, 3))
-        summary = to_storage(np.full((pool.shape[0], kv_heads, 2, d), np.nan, np.float32), dtype)
+        nan = to_storage(np.full(1, np.nan, np.float32), dtype)  # filled where it lives: 31 MB
+        summary = xp.full((pool.shape[0], kv_heads, 2, d), nan[0], dtype=nan.dtype)  # at S = 8
         self.kv = backend.put(PagedKV(pool, pool, summary, np.zeros(batch + 1, np.int32),
                                       np.arange(pool.shape[0], dtype=np.int32),
                                       np.ones(batch, np.int32), (length,) * batch, page_size,
@@ -79,12 +79,12 @@ class PageIndex:
 
     def append(self, keys) -> None:
         """Write new keys [B, Hkv, n, d] after the current length and update their summaries."""
-        keys = to_storage(np.asarray(keys, dtype=np.float32), self.dtype)
+        keys = on_backend(self.backend, keys, self.dtype)
         base = np.arange(self.batch, dtype=np.int32) * self.room
         for i in range(keys.shape[2]):
             page, slot = divmod(self.length + i, self.page_size)
             rows = self.backend.asarray(base + page)
-            self.kv.k[rows, :, slot, :] = self.backend.asarray(keys[:, :, i, :])
+            self.kv.k[rows, :, slot, :] = keys[:, :, i, :]
         self._grow(keys.shape[2])
 
     def copy(self) -> "PageIndex":
@@ -117,8 +117,7 @@ class PageIndex:
 
     def scores(self, q, mode: str):
         """U_p(q) [Hs, B * P] float32 on the backend for q [B, Hq, d] (the kernels take any group)."""
-        q = self.backend.asarray(to_storage(np.asarray(q, np.float32), self.dtype))
-        return self.backend.estimate(q, self.kv, mode)
+        return self.backend.estimate(on_backend(self.backend, q, self.dtype), self.kv, mode)
 
     def to_host(self, scores) -> np.ndarray:
         """Scores [Hs, B * P] as a host array [Hs, B, P]."""
@@ -129,9 +128,28 @@ class PageIndex:
         sel, count = self.backend.topk(scores, self.kv, k_pages)
         return self.backend.to_host(sel), int(self.backend.to_host(count)[0])
 
-    def select_many(self, scores, ks) -> dict:
-        """{K: select(scores, K)} for several budgets of the same scores."""
-        return {k: self.select(scores, k) for k in ks}
+    def select_many(self, scores, ks, host: bool = True) -> dict:
+        """{K: select(scores, K)} for several budgets of the same scores; host False: the
+        selections stay on the backend (no wait), count min(K, pages) as top-K gives it."""
+        if host:
+            return {k: self.select(scores, k) for k in ks}
+        return {k: (self.backend.topk(scores, self.kv, k)[0], min(k, self.pages)) for k in ks}
+
+
+def on_backend(backend, x, dtype: str):
+    """x in `dtype` storage as the backend's array: a torch tensor on the GPU through DLPack,
+    rounded where it lives (no host copy), anything else through the host."""
+    if backend.is_gpu and getattr(x, "is_cuda", False):
+        import cupy
+
+        from questprof.fidelity.device import storage
+        tensor = storage(x.detach(), dtype).contiguous()
+        try:
+            got = cupy.from_dlpack(tensor)
+        except (TypeError, BufferError):  # an older protocol: the CUDA array interface
+            got = cupy.asarray(tensor)
+        return got.view(cupy.uint16) if dtype == "bf16" else got
+    return backend.asarray(to_storage(np.asarray(on_host(x), dtype=np.float32), dtype))
 
 
 def _xp(backend):

@@ -11,10 +11,9 @@ chosen by select.page_index over all rows at once.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from questprof.fidelity.metrics import selection_mask
+from questprof.fidelity.device import as_tensor, selection_masks
 
 
 def shared_cache(cache, prompts: int, copies: int, prefix: int, room: int):
@@ -109,27 +108,25 @@ class SettingsHook:
         self.mode, self.dense_layers = mode, dense_layers
 
     def _keep(self, layer: int, query, key) -> torch.Tensor:
-        """[R, Hq, L] bool: the tokens of each row's selected pages."""
+        """[R, Hq, L] bool on the model's device: the tokens of each row's selected pages."""
         index = self.indexes[layer]
-        index.append(key[:, :, -1:].detach().float().cpu().numpy())
-        q = query[:, :, 0].detach().float().cpu().numpy()
+        index.append(key[:, :, -1:].detach())
+        q = query[:, :, 0].detach()
         rows, q_heads = q.shape[:2]
-        chosen = index.select_many(index.scores(q, self.mode), sorted(set(self.k_pages)))
+        chosen = index.select_many(index.scores(q, self.mode), sorted(set(self.k_pages)),
+                                   host=False)
         prompts = rows // len(self.k_pages)
         masks = []
         for i, k in enumerate(self.k_pages):
             sel, count = chosen[k]
-            part = sel[:, i * prompts:(i + 1) * prompts]
-            flat = np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, part.shape[2])
-            masks.append(selection_mask(flat, count, prompts * q_heads, index.pages))
-        pages = torch.cat([torch.as_tensor(m) for m in masks]).reshape(rows, q_heads, -1)
+            part = as_tensor(sel, query.device)[:, i * prompts:(i + 1) * prompts]
+            masks.append(selection_masks(part, count, prompts * q_heads, index.pages))
+        pages = torch.cat(masks).reshape(rows, q_heads, -1)
         length = self.cache.layers[layer].get_seq_length()
         return pages.repeat_interleave(index.page_size, dim=2)[:, :, :length]
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
         keep = None if layer < self.dense_layers else self._keep(layer, query, key)
-        if keep is not None:
-            keep = keep.to(query.device)
         return shared_attention(query, self.cache.layers[layer], keep, module.scaling,
                                 len(self.k_pages))
