@@ -122,8 +122,9 @@ QP_DEVICE void est_score(const Step& s, int t, Stride within, const PsBoxes<T>& 
   const EstimateArgs args{s.group, PER_HEAD, nullptr};
 #pragma unroll
   for (int x = 0; x < PS_EST_TILES; ++x)
-    score_batch<T, T, D, G, PER_HEAD, (G <= 2)>(s.q, s.indptr, s.scores, s.batch, e.walk, within,
-                                                bx[x], est_unit<D>(e, x), c, req, args);
+    score_batch<T, T, D, G, PER_HEAD, (G <= 2), 1>(s.q, s.indptr, s.scores, s.batch, e.walk,
+                                                   within, bx[x], est_unit<D>(e, x), c, req,
+                                                   args);
 }
 
 // Thread 0, after a barrier behind every thread's scores of ticket t: publish them (fence) and add

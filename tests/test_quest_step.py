@@ -22,7 +22,10 @@ def _three_kernel_split(kv, q_heads, k_pages) -> int:
 
     rows = kv.batch * q_heads
     row_pages = max(1, min(k_pages, max(kv.pages())))
-    return ops._splits(rows, row_pages, kv.page_size, variants.tile_tokens(kv.head_dim, 1))[1]
+    token_bytes = 2 * kv.head_dim * kv.k.dtype.itemsize  # K and V of one token of one KV head
+    return variants.attention_splits(rows, row_pages, kv.page_size,
+                                     variants.tile_tokens(kv.head_dim, 1), token_bytes,
+                                     ops._sm_count())[1]
 
 
 def _check(gpu, kv, q, k_pages, sinks=0, window=0, exact=True, launches=2, **step):
