@@ -1,6 +1,7 @@
 """The HTML report on synthetic rows: figures present, the planted crossover found, edge runs."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -374,3 +375,15 @@ def test_points_of_different_models_are_never_pooled():
     assert sorted(pairs["quest_ms"]) == [1.0, 3.0, 5.0]
     assert list(pairs["speedup"]) == [10.0, 10.0, 10.0]
     assert set(pairs["shape"]) == {"a", "b", "a (FP8 cache, fp16 summaries)"}
+
+
+def test_bench_rows_of_selectors_without_fidelity_render(tmp_path):
+    """A bench's selector rows (H200, 2026-12-01: quest, quest-fp8, quest-boxes:2, quest-topp)
+    carry `selector` but no fidelity columns: the report renders them (it raised KeyError 'head')."""
+    from questprof.results import load
+
+    df, meta = load(Path(__file__).parent / "fixtures" / "bench-selectors")
+    assert "head" not in df and set(df["selector"].dropna()) >= {"quest", "quest-fp8"}
+    out = tmp_path / "report.html"
+    write_report(df, meta, out)
+    assert "mha-32h-d128" in out.read_text(encoding="utf-8")

@@ -48,6 +48,8 @@ def _setting_rows(df: pd.DataFrame, where: tuple) -> pd.DataFrame:
 
 def head_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Per (layer, head) fidelity rows of the sparse layers (dense layers are reported apart)."""
+    if "head" not in df:  # timing rows alone (a bench's selector rows): no fidelity
+        return df.iloc[0:0]
     rows = _as_float(df[(df["stage"] == "fidelity") & df["head"].notna() & (df["status"] == "ok")])
     dense = rows["dense_layer"].fillna(False).astype(bool) if "dense_layer" in rows else False
     return rows[~dense] if rows[~dense].size else rows
