@@ -42,7 +42,7 @@ def objects(tmp_path_factory):
         source, dim = part
         obj = out / f"{source}.{dim}.o"
         cmd = [nvcc, "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-DQP_INSTANTIATE_ALL",
-               f"-DQP_INSTANTIATE_HEAD_DIM={dim}", "-Werror", "all-warnings", "-c",
+               f"-DQP_INSTANTIATE_HEAD_DIM={dim}", "-Werror", "all-warnings", "-Xptxas", "-v", "-c",
                str(KERNELS_DIR / source), "-o", str(obj)]
         return source, (subprocess.run(cmd, capture_output=True, text=True), obj, cmd)
 
@@ -185,11 +185,15 @@ def test_instantiated_variants_are_the_constants(objects):
     estimate builds QP_TUNE can pick)."""
     tag, dims, groups = variants.TAGS, variants.HEAD_DIMS, range(1, variants.GROUPS[-1] + 2)
     pairs = {(q, kv) for q, kv, _ in variants.CACHES}
-    want = {(tag[q], tag[kv], d, variants.page_template(d, t, s, kv), t)
-            for (q, kv), d, t, s in itertools.product(pairs, dims, variants.GROUPS,
-                                                     variants.PAGE_SIZES)}
+    depths = [variants.Tuning(stages=n) for n in (0, *variants.DEEP_STAGES)]  # QP_TUNE stages
+    want = set()
+    for (q, kv), d, t, s, tune in itertools.product(pairs, dims, variants.GROUPS,
+                                                    variants.PAGE_SIZES, depths):
+        ns = variants.attention_stages(d, t, tune)
+        want.add((tag[q], tag[kv], d, variants.page_template(d, t, s, kv, ns), t, ns))
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
+    assert {x[5] for x in want} == {*variants.DEEP_STAGES, *constants.load()["ATT_STAGES"]}
     summaries = {(q, summ) for q, _, summ in variants.CACHES}
     tunings = [variants.Tuning(est16=e) for e in variants.EST16]  # QP_TUNE's estimate builds
     want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m, t))
@@ -212,6 +216,10 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
     pairs = list(itertools.product(caches, variants.HEAD_DIMS, variants.GROUPS))
     lines = [f'std::printf("%d %d %d %d\\n", {d}, {g}, attention_ring_bytes<{caches[kv]}, {d}, '
              f'{g}>(), Tile<fp16, {caches[kv]}, {d}, {g}>::TT);' for kv, d, g in pairs]
+    deep = list(itertools.product(caches, variants.DEEP_HEAD_DIMS, variants.DEEP_GROUPS,
+                                  variants.DEEP_STAGES))  # the deeper rings: bytes only
+    lines += [f'std::printf("%d\\n", attention_ring_bytes<{caches[kv]}, {d}, {g}, {n}>());'
+              for kv, d, g, n in deep]
     src = tmp_path / "ring.cu"
     src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
                    + "\n".join(lines) + "\n}\n")
@@ -220,10 +228,48 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    got = [tuple(map(int, line.split()))[2:] for line in run.stdout.splitlines()]
+    printed = run.stdout.splitlines()
+    got = [tuple(map(int, line.split()))[2:] for line in printed[:len(pairs)]]
     assert got == [(variants.ring_bytes(d, g, kv), variants.tile_tokens(d, g, kv))
                    for kv, d, g in pairs]
     assert max(ring for ring, _ in got) <= 96 * 1024
+    assert [int(x) for x in printed[len(pairs):]] == [variants.ring_bytes(d, g, kv, n)
+                                                       for kv, d, g, n in deep]
+
+
+def _resources(parts) -> dict[str, tuple[int, int, int]]:
+    """Instance (as the launcher names it, without spaces) -> (registers, static shared memory
+    bytes, spill store bytes) from ptxas -v of a source's objects."""
+    found = {}
+    for result, _, _ in parts:
+        entries = re.split(r"Compiling entry function '", result.stderr)[1:]
+        names = subprocess.run(["c++filt"], input="\n".join(e.split("'")[0] for e in entries),
+                               capture_output=True, text=True, check=True).stdout.splitlines()
+        for name, entry in zip(names, entries):
+            regs = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", entry)
+            spill = re.search(r"(\d+) bytes spill stores", entry)
+            key = re.sub(r"^void |\(.*$", "", name).replace(" ", "")
+            found[key] = (int(regs.group(1)), int(regs.group(2)), int(spill.group(1)))
+    return found
+
+
+def test_attention_shared_memory_fits_and_is_the_launchers(objects):
+    """Every attention build's static shared memory (ptxas) is variants.static_bytes, no build
+    spills, and with its ring it fits a CTA (227 KiB) and the CTAs per SM the launcher plans:
+    2 for every default depth (today's grids), 1 for the deeper rings."""
+    res = {k: v for k, v in _resources(objects("attention.cu")).items()
+           if k.startswith("attention_kernel<")}
+    assert len(res) == len(_instances(objects("attention.cu"), "attention_kernel"))
+    names = {v: k for k, v in variants.TAGS.items()}
+    for key, (_, smem, spill) in res.items():
+        _, kv, d, _, g, ns = key.removeprefix("attention_kernel<").rstrip(">").split(",")
+        d, g, ns, kv = int(d), int(g), int(ns), names[kv]
+        assert spill == 0, key
+        assert smem == variants.static_bytes(d, g, kv), key
+        need = smem + variants.ring_bytes(d, g, kv, ns) + variants.SMEM_RESERVED
+        assert need <= 227 * 1024 + variants.SMEM_RESERVED, key
+        fit = variants.SMEM_PER_SM // need
+        assert fit >= (2 if ns == constants.per_group("ATT_STAGES", g) else 1), key
 
 
 def _signatures(parts) -> dict[str, int]:
@@ -251,6 +297,9 @@ DRY_RUN = [(8, 2, 128, 16, "fp16", None, None), (9, 3, 64, 8, "bf16", None, None
            (32, 8, 128, 16, "fp16", E4M3, "fp16"), (6, 2, 80, 8, "bf16", E4M3, "fp16")]
 
 
+TUNES = ("", "stages=6,est16=loop")  # the defaults, and the deep rings where they are built
+
+
 def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):
     """A dry run of backends/cupy.py over a CPU stand-in for CuPy (tests/cupy_stub.py): every
     kernel a launch names is among the built instances and gets as many arguments as it has
@@ -274,7 +323,8 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
     monkeypatch.setitem(sys.modules, "cupy", stub)
     try:
         ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
-        for qh, kvh, d, s, dtype, cache, summ in DRY_RUN:
+        for (qh, kvh, d, s, dtype, cache, summ), tune in itertools.product(DRY_RUN, TUNES):
+            monkeypatch.setenv("QP_TUNE", tune)
             kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
                                  spare_pages=3, kv_dtype=cache, summary_dtype=summ)
             q = random_queries(rng, 4, qh, d, dtype)
@@ -290,7 +340,8 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
         for n in names:
             sys.modules.pop(n, None)
         sys.modules.update(saved)
-    assert len(stub.LAUNCHES) > 60, len(stub.LAUNCHES)
+    assert len(stub.LAUNCHES) > 120, len(stub.LAUNCHES)
+    assert any(",6>" in e.replace(" ", "") for e, *_ in stub.LAUNCHES)  # a deep ring ran
     for expression, grid, block, args, shared_mem in stub.LAUNCHES:
         key = expression.replace(" ", "")
         assert key in sigs, f"{expression} is not built"
