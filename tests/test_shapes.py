@@ -15,8 +15,8 @@ import pytest
 from conftest import TOL, full_plan, make_case, poison, rel_err
 from questprof.core import reference
 from questprof.core.fp8 import E4M3
-from questprof.core.layout import (from_storage, kv_values, quantized, random_paged_kv,
-                                   random_queries)
+from questprof.core.layout import (encode_summary, from_storage, kv_values, quantized,
+                                   random_paged_kv, random_queries, summary_values)
 from questprof.core.stages import MODES
 
 pytestmark = pytest.mark.gpu
@@ -161,8 +161,9 @@ def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
                                               (16, "fp16", True, "ctas=1,stages=4")])
 def test_few_rows_and_deep_rings(gpu, rng, monkeypatch, g, dtype, fp8, tune):
     """One KV head, 5 requests: 5 dense rows, which the default plans at 1 CTA per SM over a
-    16-bit cache (variants.attention_ctas); rings of 4 and 6 stages over 16-bit and FP8 caches
-    (FP8: dense against the float64 reference of the dequantized cache)."""
+    16-bit cache (variants.attention_ctas); rings of 4 and 6 stages over 16-bit and FP8 caches.
+    FP8 (E4M3 summaries): dense and the estimate in every mode (a group of 16 through the
+    group-constant build, the default) against the float64 reference of the dequantized cache."""
     from questprof.backends import variants
 
     monkeypatch.setenv("QP_TUNE", tune)
@@ -175,9 +176,14 @@ def test_few_rows_and_deep_rings(gpu, rng, monkeypatch, g, dtype, fp8, tune):
         _check_step(gpu, kv, q, 5, "shared-max")
         return
     kv = quantized(kv, "tensor", E4M3)
+    kv.summary[...] = encode_summary(reference.summary(summary_values(kv), kv_values(kv, "k"),
+                                                       full_plan(kv)), kv)
+    dev_kv, dev_q, f = gpu.put(kv), gpu.asarray(q), lambda x: from_storage(x, dtype)
+    for mode in MODES:
+        want = reference.estimate(f(q), summary_values(kv), kv.kv_indptr, kv.kv_indices, mode)
+        assert rel_err(gpu.to_host(gpu.estimate(dev_q, dev_kv, mode)), want) < 1e-5
     poison()
-    out, lse = gpu.attention(gpu.asarray(q), gpu.put(kv))
-    f = lambda x: from_storage(x, dtype)  # noqa: E731
+    out, lse = gpu.attention(dev_q, dev_kv)
     want_out, want_lse = reference.attention(f(q), kv_values(kv, "k"), kv_values(kv, "v"),
                                              kv.kv_indptr, kv.kv_indices, kv.last_page_len)
     assert rel_err(from_storage(gpu.to_host(out), dtype), want_out) < TOL[dtype]
