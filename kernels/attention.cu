@@ -181,14 +181,14 @@ constexpr bool measured_build = same_tag<T, KV> && measured_variant(D, G);
 // The combine arrays: static shared memory for the variants timed on the H200, the warps' rings
 // for the others (G 16 at D 256 would need 64 KiB more), after a barrier: every warp has
 // finished reading its ring.
-template <typename T, typename KV, int D, int G, class St>
+template <typename T, typename KV, int D, int G, int NS, class St>
 QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, float o_scale,
                       uint16_t* __restrict__ out, float* __restrict__ lse,
                       float* __restrict__ ws_o, float* __restrict__ ws_lse,
                       int* __restrict__ row_done, uint4* ring) {
   constexpr bool SCALE_O = is_e4m3<KV>;
   if constexpr (!measured_build<T, KV, D, G>) {
-    static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<KV, D, G>(),
+    static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<KV, D, G, NS>(),
                   "rings hold the arrays");
     __shared__ float s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     __syncthreads();
@@ -214,7 +214,10 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
 // launch included), the count their shared memory allows, so ptxas does not spill a few bytes to
 // fit a register count for 4 or 8 (D 80 / G 8 spilled 4 bytes at 128 registers, D 256 / G 1 at
 // 64, D 128 / G 2 / S 0 at 96, without it).
-template <typename T, typename KV, int D, int S, int G>
+// NS: stages of each warp's ring, ATT_STAGES[G] or (QP_TUNE stages=N, S 0 builds of the deep
+// tables of constants.cuh) a deeper one; the launcher sizes the dynamic shared memory for it and
+// plans the CTAs per SM it leaves room for (backends/variants.py, attention_launch).
+template <typename T, typename KV, int D, int S, int G, int NS>
 __global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
 attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
                  const word_t<KV>* __restrict__ v, const int* __restrict__ indptr,
@@ -226,6 +229,7 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
                  float* __restrict__ ws_lse, int* __restrict__ row_done,
                  const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
   using St = Tile<T, KV, D, G>;
+  static_assert(NS >= 2, "a ring holds the tile computed and at least one in flight");
   const Paging<S> pg(page_shift);
   // ATT_WARPS x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
   // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async took twice
@@ -270,28 +274,28 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
   // Warp w takes tiles w, w + 4, ...; NS - 1 tiles are in flight while one is computed.
   const int tiles = (nb * pg.size() + St::TT - 1) / St::TT;
   const int mine = tiles > warp ? (tiles - warp + ATT_WARPS - 1) / ATT_WARPS : 0;
-  uint4* ring = att_ring + (size_t)warp * St::NS * St::STAGE;
+  uint4* ring = att_ring + (size_t)warp * NS * St::STAGE;
 #pragma unroll
-  for (int j = 0; j < St::NS - 1; ++j) {
+  for (int j = 0; j < NS - 1; ++j) {
     if (j < mine)
       st.issue(ring + j * St::STAGE, k, v, pg, s_page, s_valid, nb,
                (warp + j * ATT_WARPS) * St::TT, kv_heads, r.kv_head, lane);
     cp_async_commit();
   }
   for (int j = 0; j < mine; ++j) {
-    const int ahead = j + St::NS - 1;
+    const int ahead = j + NS - 1;
     __syncwarp();  // every lane's reads of the stage refilled below are done
     if (ahead < mine)
-      st.issue(ring + (ahead % St::NS) * St::STAGE, k, v, pg, s_page, s_valid, nb,
+      st.issue(ring + (ahead % NS) * St::STAGE, k, v, pg, s_page, s_valid, nb,
                (warp + ahead * ATT_WARPS) * St::TT, kv_heads, r.kv_head, lane);
     cp_async_commit();
-    cp_async_wait<St::NS - 1>();  // this lane's copies of tile j have landed,
-    __syncwarp();                 // and every lane's (MmaTile reads rows other lanes copied)
-    st.tile(ring + (j % St::NS) * St::STAGE, pg, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
+    cp_async_wait<NS - 1>();  // this lane's copies of tile j have landed,
+    __syncwarp();             // and every lane's (MmaTile reads rows other lanes copied)
+    st.tile(ring + (j % NS) * St::STAGE, pg, s_valid, nb, (warp + j * ATT_WARPS) * St::TT,
             lane);
   }
-  finish<T, KV, D, G>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse, row_done,
-                      att_ring);
+  finish<T, KV, D, G, NS>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse, row_done,
+                          att_ring);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
@@ -310,15 +314,27 @@ constexpr bool any_page_at_launch(int d, int g) {
 }
 struct Attention {
   template <int T, int KV, int D, int G, int S> static void run() {
+    constexpr int NS = ATT_STAGES[group_index(G)];
     if constexpr (builds_head_dim(D) && KV == T && fixed_page(D, G, S))
-      (void)&attention_kernel<Tag<T>, Tag<KV>, D, S, G>;
+      (void)&attention_kernel<Tag<T>, Tag<KV>, D, S, G, NS>;
     constexpr bool at_launch = KV == E4M3 || (KV == T && any_page_at_launch(D, G));
     if constexpr (builds_head_dim(D) && S == QP_PAGE_SIZES[0] && at_launch)
-      (void)&attention_kernel<Tag<T>, Tag<KV>, D, 0, G>;
+      (void)&attention_kernel<Tag<T>, Tag<KV>, D, 0, G, NS>;
+  }
+};
+// Deeper rings (QP_TUNE stages=N): the caches above at the deep tables' head dims and tiles, one
+// S 0 build per depth that is not the tile's own.
+struct AttentionDeep {
+  template <int T, int KV, int D, int G, int NS> static void run() {
+    if constexpr (builds_head_dim(D) && (KV == T || KV == E4M3) &&
+                  NS != ATT_STAGES[group_index(G)])
+      (void)&attention_kernel<Tag<T>, Tag<KV>, D, 0, G, NS>;
   }
 };
 void attention_all() {
   Cross<Attention>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_PAGE_SIZES>();
+  Cross<AttentionDeep>::run<DTYPES, KV_DTYPES, ATT_DEEP_HEAD_DIMS, ATT_DEEP_GROUPS,
+                            ATT_DEEP_STAGES>();
 }
 }  // namespace qp_instantiate
 #endif

@@ -13,7 +13,8 @@
 #include "common.cuh"
 
 // Loads per lane per tile (NL: 8 gives 16 tokens at D 128, 32 at D 64, 8 at D 256) and the
-// depth of the per-warp ring (NS), from constants.cuh.
+// default depth of the per-warp ring (NS), from constants.cuh; attention_kernel takes its depth
+// as a template argument (this one, or a deeper ring of ATT_DEEP_STAGES).
 template <int G> struct Pipe {
   static_assert(group_index(G) >= 0, "G must be one of QP_GROUPS");
   static constexpr int NL = ATT_LOADS[group_index(G)];
@@ -518,9 +519,11 @@ __host__ __device__ constexpr bool tensor_tile() {
 template <typename T, typename KV, int D, int G>
 using Tile = typename Pick<tensor_tile<KV, D, G>(), MmaTile<T, KV, D, G>, CoreTile<T, D, G>>::type;
 
-// Dynamic shared memory of a CTA: the warps' rings. backends/cupy.py computes the same bytes
-// (tests/test_kernels_compile.py compares them for every cache type, head dim and tile).
-template <typename KV, int D, int G> __host__ __device__ constexpr int attention_ring_bytes() {
+// Dynamic shared memory of a CTA: the warps' rings of NS stages (the table's ATT_STAGES, or a
+// deeper ring of ATT_DEEP_STAGES). backends/variants.py computes the same bytes
+// (tests/test_kernels_compile.py compares them for every cache type, head dim, tile and depth).
+template <typename KV, int D, int G, int NS = Pipe<G>::NS>
+__host__ __device__ constexpr int attention_ring_bytes() {
   using R = Ring<KV, D, G, tensor_tile<KV, D, G>()>;
-  return ATT_WARPS * R::NS * R::STAGE * 16;
+  return ATT_WARPS * NS * R::STAGE * 16;
 }

@@ -56,6 +56,16 @@ constexpr int ATT_MAX_PAGES = 512;  // pages of one split staged in shared memor
 // arrays take 16 KiB more, and for G 16 (combine arrays in the ring).
 constexpr int ATT_LOADS[] = {8, 8, 8, 8, 8};
 constexpr int ATT_STAGES[] = {3, 3, 3, 2, 2};
+// Deeper rings, for launches of few rows at one CTA per SM (issue 24; H200, 2026-12-01, commit
+// ab138da: Qwen2.5-7B and the G 16 shape dense at 0.46-0.57 of the read ceiling at 1 CTA per SM,
+// whose 4 warps of 2-stage rings hold 32 KiB in flight). attention_kernel's NS: ATT_STAGES, or
+// (QP_TUNE stages=N) one of these, built at these head dims and tiles only, page size at launch:
+// 4 caches x 3 tiles x 2 = 24 builds more.
+// 6 stages of 8 KiB x 4 warps = 192 KiB of ring: 1 CTA per SM, with the 20 KiB of static combine
+// arrays of the measured tile 8 under the 227 KiB a CTA may take.
+constexpr int ATT_DEEP_STAGES[] = {4, 6};
+constexpr int ATT_DEEP_HEAD_DIMS[] = {128};
+constexpr int ATT_DEEP_GROUPS[] = {4, 8, 16};
 
 // quest_step.cu (the Quest step as one persistent kernel): PS_THREADS = ATT_WARPS x 32 threads
 // per CTA (attention's warps), PS_CTAS_PER_SM resident per SM (3 x 65 KiB of shared memory: the

@@ -11,6 +11,8 @@ from questprof.core import reference
 from questprof.backends import gpu_unavailable_reason
 from questprof.core.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
 
+from kernel_objects import objects  # noqa: F401  (the compiled kernels, a session fixture)
+
 TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-5}  # ||out - ref|| / ||ref|| against float64
 
 

@@ -31,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 from questprof.backends import variants  # noqa: E402
 from questprof.core import model  # noqa: E402
 from questprof.core.config import Config, ModelShape  # noqa: E402
-from questprof.core.fp8 import E4M3  # noqa: E402
 
 # (label, bench.toml model, length, batch): the four missed cases and llama3-8b as the reference
 CASES = {
@@ -42,11 +41,14 @@ CASES = {
     "phi-b8": ("phi-3-mini", 131072, 8),
     "fp8": ("llama3.1-8b-fp8", 32768, 1),
 }
-# QP_TUNE values of dense attention ('' = today's launch): fewer, longer splits, in CTAs per SM,
-# a floor in bytes per split, or tokens per split
-DENSE = ("", "ctas=1", "split=bytes,value=256k", "split=bytes,value=512k",
-         "split=bytes,value=1m", "split=tokens,value=4096")
-EST16 = ("", "est16=exact")  # the estimate of a group of exactly 16 (tile 16): loop or constant
+# QP_TUNE values of dense attention ('' = the default launch; ctas=2 = the launch of commit
+# ab138da, 2 CTAs per SM for every shape): CTAs per SM, a floor in bytes per split, and deeper
+# rings (stages 4 / 6 of 8 KiB per warp, built at head dim 128 for tiles 4, 8, 16) at 1 CTA per
+# SM. Dropped after the H200 run of ab138da: splits of 4096 tokens and a 1 MiB floor (1.4-3.6x
+# slower than the best wherever they differed from it).
+DENSE = ("", "ctas=2", "ctas=1", "split=bytes,value=256k", "split=bytes,value=512k",
+         "ctas=1,stages=4", "ctas=1,stages=6")
+EST16 = ("", "est16=loop")  # the estimate of a group of exactly 16 (tile 16): constant or loop
 CHECK_LENGTH = 32768
 TOL = {"fp16": 1e-3, "bf16": 1e-2}  # the tests' table: ||out - ref|| / ||ref|| against float64
 
@@ -68,24 +70,29 @@ def variants_of(m: ModelShape) -> list[tuple[str, str]]:
     return [("dense", t) for t in DENSE] + [("estimate", t) for t in est]
 
 
-def splits_of(cfg: Config, tune: str, sms: int) -> str:
-    """Splits x pages of dense attention's rows under `tune` (the launcher's own rule)."""
+def splits_of(cfg: Config, tune: str, device: tuple[int, int]) -> str:
+    """'splits x pages, stages, CTAs per SM' of dense attention under `tune` (the launcher's own
+    rule, variants.attention_launch); device: (SMs, shared memory bytes per SM)."""
     m, kv = cfg.model, model.kv_dtype(cfg.model)
     plan = variants.plan_group(m.group)
     rows = cfg.batch * m.kv_heads * plan.chunks
-    tt = variants.tile_tokens(m.head_dim, plan.tile, kv)
-    token = 2 * m.head_dim * (1 if kv == E4M3 else 2)
-    n, per = variants.attention_splits(rows, cfg.pages, cfg.page_size, tt, token, sms,
-                                       variants.parse_tuning(tune))
-    return f"{n} x {per}"
+    return variants.attention_launch(rows, cfg.pages, m.head_dim, plan.tile, cfg.page_size, kv,
+                                     *device, tuning=variants.parse_tuning(tune)).name
+
+
+def device_of() -> tuple[int, int]:
+    """(SMs, shared memory bytes per SM) of the current CuPy device."""
+    import cupy
+
+    attrs = cupy.cuda.Device().attributes
+    return (int(attrs["MultiProcessorCount"]),
+            int(attrs.get("MaxSharedMemoryPerMultiprocessor", variants.SMEM_PER_SM)))
 
 
 def check_case(label: str) -> dict[str, str | None]:
     """'stage|QP_TUNE' -> why that variant is wrong on the case's model at batch 1 and
     min(length, 32K) - 5 tokens (None: right; 'same launch as X': not run again). Builds every
     kernel the timing uses, so the checks of all cases can run at once to compile in parallel."""
-    import cupy
-
     from questprof.backends import get_backend
     from questprof.core import reference
     from questprof.core.layout import from_storage, kv_values, summary_values
@@ -93,7 +100,7 @@ def check_case(label: str) -> dict[str, str | None]:
 
     name, length, batch = CASES[label]
     cfg, backend = config(name, length, batch), get_backend("cupy")
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    dev = device_of()
     small = Config(cfg.model, min(length, CHECK_LENGTH) - 5, 1, 16, CHECK_LENGTH, "per-head")
     work = Workload(small, backend, 1)
     kv, q = work.kvs[0].with_arrays(backend.to_host), backend.to_host(work.q)
@@ -121,10 +128,10 @@ def check_case(label: str) -> dict[str, str | None]:
     found, seen = {}, {}
     for stage, tune in variants_of(cfg.model):
         os.environ["QP_TUNE"] = tune
-        same = seen.setdefault((stage, splits_of(cfg, tune, sms) if stage == "dense" else tune),
-                               tune or "today")
+        same = seen.setdefault((stage, splits_of(cfg, tune, dev) if stage == "dense" else tune),
+                               tune or "default")
         try:
-            found[f"{stage}|{tune}"] = (f"same launch as {same}" if same != (tune or "today")
+            found[f"{stage}|{tune}"] = (f"same launch as {same}" if same != (tune or "default")
                                         else wrong(stage))
         except Exception as exc:  # a build or launch that fails is that variant's row
             found[f"{stage}|{tune}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -142,21 +149,19 @@ def _rel(got, want) -> float:
 
 def run_case(label: str, repeats: int, wrong: dict[str, str | None]) -> list[dict]:
     """Rows of one case: the variants check_case passed, timed; torch SDPA beside."""
-    import cupy
-
     from questprof.backends import get_backend
     from questprof.measure.timing import time_layers
     from questprof.workload.pools import Workload, free_bytes, l2_bytes, release
 
     name, length, batch = CASES[label]
     cfg, backend = config(name, length, batch), get_backend("cupy")
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    dev = device_of()
     layers = model.cold_layers(cfg, l2_bytes(), 0.4 * (free_bytes(backend) or 0))
     work, works, rows = Workload(cfg, backend, layers), model.stage_work(cfg), []
     for stage, tune in variants_of(cfg.model):
         os.environ["QP_TUNE"] = tune
-        row = {"case": label, "stage": stage, "variant": tune or "today",
-               "splits": splits_of(cfg, tune, sms) if stage == "dense" else "",
+        row = {"case": label, "stage": stage, "variant": tune or "default",
+               "splits": splits_of(cfg, tune, dev) if stage == "dense" else "",
                "bytes": works[stage].total_read,
                "wrong": wrong.get(f"{stage}|{tune}", "not checked")}
         if row["wrong"] is None:
@@ -183,7 +188,7 @@ def table(rows: list[dict], ceiling: float) -> list[str]:
     sdpa = {r["case"]: r.get("us") for r in rows if r["variant"] == "torch SDPA"}
     lines = [f"us per layer, median of CUDA-graph replays; ratio = bytes / time / read ceiling "
              f"({ceiling:.0f} GB/s); vs SDPA = ours / torch SDPA (FP8: against the 16-bit cache)",
-             "| case | stage | variant | splits x pages | us | ratio | vs SDPA |",
+             "| case | stage | variant | launch | us | ratio | vs SDPA |",
              "|---|---|---|---|---:|---:|---:|"]
     for r in rows:
         if r.get("us") is None:
@@ -246,7 +251,7 @@ def main() -> None:
         print(f"case {label} timed at {time.time() - start:.0f} s", flush=True)
     fp8 = [r.get("us") for r in rows if r["case"] == "fp8" and r["variant"] != "torch SDPA"
            and r["stage"] == "dense" and r.get("us")]
-    ref = [r.get("us") for r in rows if r["case"] == "llama3-8b" and r["variant"] == "today"
+    ref = [r.get("us") for r in rows if r["case"] == "llama3-8b" and r["variant"] == "default"
            and r["stage"] == "dense" and r.get("us")]
     if fp8 and ref:
         print(f"FP8 dense / llama3-8b fp16 dense (goal <= 0.55): best {min(fp8) / ref[0]:.2f}")

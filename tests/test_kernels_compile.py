@@ -4,9 +4,7 @@ launcher's constants are the kernels' own (CI, no GPU)."""
 from __future__ import annotations
 
 import ast
-import concurrent.futures
 import itertools
-import os
 import re
 import shutil
 import subprocess
@@ -17,41 +15,10 @@ from questprof import KERNELS_DIR, ROOT
 from questprof.backends import constants, variants
 from questprof.core.fp8 import E4M3
 
-SOURCES = sorted(p.name for p in KERNELS_DIR.glob("*.cu"))
+from kernel_objects import SOURCES, _nvcc
+
 CUPY_BACKEND = ROOT / "questprof" / "backends" / "cupy.py"
 LAUNCHER = (CUPY_BACKEND, ROOT / "questprof" / "backends" / "variants.py")
-# Sources whose variants come from kernels/instantiate.cuh build one head dim per nvcc process
-# (QP_INSTANTIATE_HEAD_DIM), the processes spread over the CPUs: the same variants, each once.
-SPLIT = {s for s in SOURCES if "instantiate.cuh" in (KERNELS_DIR / s).read_text(encoding="utf-8")}
-
-
-def _nvcc() -> str:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.fail("nvcc is not on PATH: CI must compile kernels/*.cu (install the CUDA toolkit)")
-    return nvcc
-
-
-@pytest.fixture(scope="session")
-def objects(tmp_path_factory):
-    """Every source compiled with QP_INSTANTIATE_ALL (split by head dim where it can be, all parts
-    at once over the CPUs): name -> [(CompletedProcess, object, command), ...]."""
-    out, nvcc = tmp_path_factory.mktemp("kernels"), _nvcc()
-
-    def build(part: tuple[str, int]):
-        source, dim = part
-        obj = out / f"{source}.{dim}.o"
-        cmd = [nvcc, "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-DQP_INSTANTIATE_ALL",
-               f"-DQP_INSTANTIATE_HEAD_DIM={dim}", "-Werror", "all-warnings", "-c",
-               str(KERNELS_DIR / source), "-o", str(obj)]
-        return source, (subprocess.run(cmd, capture_output=True, text=True), obj, cmd)
-
-    parts = [(s, d) for s in SOURCES for d in (variants.HEAD_DIMS if s in SPLIT else (0,))]
-    built: dict[str, list] = {s: [] for s in SOURCES}
-    with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        for source, result in pool.map(build, parts):
-            built[source].append(result)
-    return built.__getitem__
 
 
 def test_every_stage_has_a_kernel_file():
@@ -185,11 +152,15 @@ def test_instantiated_variants_are_the_constants(objects):
     estimate builds QP_TUNE can pick)."""
     tag, dims, groups = variants.TAGS, variants.HEAD_DIMS, range(1, variants.GROUPS[-1] + 2)
     pairs = {(q, kv) for q, kv, _ in variants.CACHES}
-    want = {(tag[q], tag[kv], d, variants.page_template(d, t, s, kv), t)
-            for (q, kv), d, t, s in itertools.product(pairs, dims, variants.GROUPS,
-                                                     variants.PAGE_SIZES)}
+    depths = [variants.Tuning(stages=n) for n in (0, *variants.DEEP_STAGES)]  # QP_TUNE stages
+    want = set()
+    for (q, kv), d, t, s, tune in itertools.product(pairs, dims, variants.GROUPS,
+                                                    variants.PAGE_SIZES, depths):
+        ns = variants.attention_stages(d, t, tune)
+        want.add((tag[q], tag[kv], d, variants.page_template(d, t, s, kv, ns), t, ns))
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
+    assert {x[5] for x in want} == {*variants.DEEP_STAGES, *constants.load()["ATT_STAGES"]}
     summaries = {(q, summ) for q, _, summ in variants.CACHES}
     boxed = [(q, c) for q, c in itertools.product(("fp16", "bf16"), variants.BOXES) if c > 1]
     tunings = [variants.Tuning(est16=e) for e in variants.EST16]  # QP_TUNE's estimate builds
@@ -223,6 +194,10 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
     pairs = list(itertools.product(caches, variants.HEAD_DIMS, variants.GROUPS))
     lines = [f'std::printf("%d %d %d %d\\n", {d}, {g}, attention_ring_bytes<{caches[kv]}, {d}, '
              f'{g}>(), Tile<fp16, {caches[kv]}, {d}, {g}>::TT);' for kv, d, g in pairs]
+    deep = list(itertools.product(caches, variants.DEEP_HEAD_DIMS, variants.DEEP_GROUPS,
+                                  variants.DEEP_STAGES))  # the deeper rings: bytes only
+    lines += [f'std::printf("%d\\n", attention_ring_bytes<{caches[kv]}, {d}, {g}, {n}>());'
+              for kv, d, g, n in deep]
     src = tmp_path / "ring.cu"
     src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
                    + "\n".join(lines) + "\n}\n")
@@ -231,94 +206,45 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    got = [tuple(map(int, line.split()))[2:] for line in run.stdout.splitlines()]
+    printed = run.stdout.splitlines()
+    got = [tuple(map(int, line.split()))[2:] for line in printed[:len(pairs)]]
     assert got == [(variants.ring_bytes(d, g, kv), variants.tile_tokens(d, g, kv))
                    for kv, d, g in pairs]
     assert max(ring for ring, _ in got) <= 96 * 1024
+    assert [int(x) for x in printed[len(pairs):]] == [variants.ring_bytes(d, g, kv, n)
+                                                       for kv, d, g, n in deep]
 
 
-def _signatures(parts) -> dict[str, int]:
-    """Template instance (as the launcher names it, without spaces) -> its parameter count, of
-    every kernel in a source's objects."""
+def _resources(parts) -> dict[str, tuple[int, int, int]]:
+    """Instance (as the launcher names it, without spaces) -> (registers, static shared memory
+    bytes, spill store bytes) from ptxas -v of a source's objects."""
     found = {}
-    for result, obj, _ in parts:
-        assert result.returncode == 0, result.stderr
-        symbols = [s for s in subprocess.run(["nm", str(obj)], capture_output=True, text=True,
-                                             check=True).stdout.split()
-                   if s.startswith("_Z") and "_kernelI" in s and "device_stub" not in s]
-        names = subprocess.run(["c++filt"], input="\n".join(symbols), capture_output=True,
-                               text=True, check=True).stdout.splitlines()
-        for name in names:
-            m = re.fullmatch(r"void (\w+<.*>)\((.*)\)", name)
-            if m:
-                found[m.group(1).replace(" ", "")] = m.group(2).count(",") + 1
+    for result, _, _ in parts:
+        entries = re.split(r"Compiling entry function '", result.stderr)[1:]
+        names = subprocess.run(["c++filt"], input="\n".join(e.split("'")[0] for e in entries),
+                               capture_output=True, text=True, check=True).stdout.splitlines()
+        for name, entry in zip(names, entries):
+            regs = re.search(r"Used (\d+) registers.*?(\d+) bytes smem", entry)
+            spill = re.search(r"(\d+) bytes spill stores", entry)
+            key = re.sub(r"^void |\(.*$", "", name).replace(" ", "")
+            found[key] = (int(regs.group(1)), int(regs.group(2)), int(spill.group(1)))
     return found
 
 
-# (q heads, KV heads, head dim, page size, queries, cache, summaries) of the launcher dry run
-DRY_RUN = [(8, 2, 128, 16, "fp16", None, None), (9, 3, 64, 8, "bf16", None, None),
-           (71, 1, 128, 128, "fp16", None, None), (32, 32, 96, 16, "bf16", None, None),
-           (16, 8, 256, 8, "bf16", None, None), (32, 8, 128, 16, "bf16", E4M3, E4M3),
-           (32, 8, 128, 16, "fp16", E4M3, "fp16"), (6, 2, 80, 8, "bf16", E4M3, "fp16")]
-
-
-def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):
-    """A dry run of backends/cupy.py over a CPU stand-in for CuPy (tests/cupy_stub.py): every
-    kernel a launch names is among the built instances and gets as many arguments as it has
-    parameters, at every group, head dim, cache and mode of DRY_RUN."""
-    import importlib
-    import sys
-
-    import numpy as np
-
-    import cupy_stub
-    from conftest import full_plan
-    from questprof.backends.launch_args import persistent_problem
-    from questprof.core.layout import random_paged_kv, random_queries
-    from questprof.core.selectors import KernelForm
-
-    sigs = {}
-    for source in ("attention.cu", "estimate.cu", "estimate_topk.cu", "summary.cu",
-                   "quest_step.cu"):
-        sigs.update(_signatures(objects(source)))
-    topk_src = (KERNELS_DIR / "topk.cu").read_text(encoding="utf-8")
-    sigs["topk_kernel"] = re.search(r"topk_kernel\(([^)]*)\)", topk_src).group(1).count(",") + 1
-    stub = cupy_stub.make()
-    names = ("questprof.backends.cupy", "questprof.backends.pdl",
-             "questprof.backends.cupy_selectors", "questprof.backends.quest_step")
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    monkeypatch.setitem(sys.modules, "cupy", stub)
-    try:
-        ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
-        forms = importlib.import_module(names[2])
-        step = importlib.import_module(names[3])
-        for qh, kvh, d, s, dtype, cache, summ in DRY_RUN:
-            kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
-                                 spare_pages=3, kv_dtype=cache, summary_dtype=summ)
-            q = random_queries(rng, 4, qh, d, dtype)
-            ops.summary(kv, full_plan(kv))
-            for mode in ("per-head", "shared-max", "shared-mean"):
-                sel, count = ops.topk(ops.estimate(q, kv, mode), kv, 5)
-                sel[...], count[...] = 0, 1
-                ops.attention(q, kv, sel, count)
-                if cache is None and d in variants.FUSED_HEAD_DIMS:
-                    ops.estimate_topk(q, kv, 5, mode)
-                if not persistent_problem(qh, kvh, d, kv.kv_dtype, kv.summary_dtype, mode):
-                    step.quest_step(q, kv, 5, mode)
-            ops.attention(q, kv)
-            for form in (KernelForm(fp8=True), KernelForm(boxes=2), KernelForm(boxes=4),
-                         KernelForm(rule="topp", param=0.5), KernelForm(rule="gap", param=1)):
-                if cache is None and variants.boxes_built(d, form.boxes) and s % form.boxes == 0:
-                    fs = forms.summaries(kv, form, full_plan(kv))
-                    for mode in ("per-head", "shared-max"):
-                        forms.quest(q, kv, fs, 5, mode)
-    finally:
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
-    assert len(stub.LAUNCHES) > 60, len(stub.LAUNCHES)
-    for expression, grid, block, args, shared_mem in stub.LAUNCHES:
-        key = expression.replace(" ", "")
-        assert key in sigs, f"{expression} is not built"
-        assert len(args) == sigs[key], f"{expression}: {len(args)} arguments, {sigs[key]} wanted"
-        assert min(grid) >= 1 and shared_mem <= 227 * 1024
+def test_attention_shared_memory_fits_and_is_the_launchers(objects):
+    """Every attention build's static shared memory (ptxas) is variants.static_bytes, no build
+    spills, and with its ring it fits a CTA (227 KiB) and the CTAs per SM the launcher plans:
+    2 for every default depth (today's grids), 1 for the deeper rings."""
+    res = {k: v for k, v in _resources(objects("attention.cu")).items()
+           if k.startswith("attention_kernel<")}
+    assert len(res) == len(_instances(objects("attention.cu"), "attention_kernel"))
+    names = {v: k for k, v in variants.TAGS.items()}
+    for key, (_, smem, spill) in res.items():
+        _, kv, d, _, g, ns = key.removeprefix("attention_kernel<").rstrip(">").split(",")
+        d, g, ns, kv = int(d), int(g), int(ns), names[kv]
+        assert spill == 0, key
+        assert smem == variants.static_bytes(d, g, kv), key
+        need = smem + variants.ring_bytes(d, g, kv, ns) + variants.SMEM_RESERVED
+        assert need <= 227 * 1024 + variants.SMEM_RESERVED, key
+        fit = variants.SMEM_PER_SM // need
+        assert fit >= (2 if ns == constants.per_group("ATT_STAGES", g) else 1), key

@@ -14,7 +14,9 @@ import pytest
 
 from conftest import TOL, full_plan, make_case, poison, rel_err
 from questprof.core import reference
-from questprof.core.layout import from_storage, random_paged_kv, random_queries
+from questprof.core.fp8 import E4M3
+from questprof.core.layout import (encode_summary, from_storage, kv_values, quantized,
+                                   random_paged_kv, random_queries, summary_values)
 from questprof.core.stages import MODES
 
 pytestmark = pytest.mark.gpu
@@ -137,14 +139,52 @@ def test_estimate_topk_refuses_other_head_dims(gpu, rng):
 
 
 @pytest.mark.parametrize("g", [7, 16])
-@pytest.mark.parametrize("tune", ["est16=exact", "split=bytes,value=64k", "split=tokens,value=128",
-                                  "ctas=1"])
+@pytest.mark.parametrize("tune", ["est16=loop", "split=bytes,value=64k", "split=tokens,value=128",
+                                  "ctas=1", "ctas=2", "ctas=1,stages=4", "stages=6"])
 def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
     """Every QP_TUNE choice (backends/variants.py, Tuning) gives the reference's outputs: a group
-    of 16 through the group-constant estimate build, rows cut by a floor in bytes or by tokens
-    (splits of 8 pages: the longest row merges 5 partials), one CTA per SM; G 7 on tile 8."""
+    of 16 through the estimate build with the chunk loop (the group-constant one is the default),
+    rows cut by a floor in bytes or by tokens (splits of 8 pages: the longest row merges 5
+    partials), 1 or 2 CTAs per SM, rings of 4 and 6 stages (D 128, tiles 8 and 16, page size at
+    launch; the Quest step's sparse rows too); G 7 on tile 8."""
     monkeypatch.setenv("QP_TUNE", tune)
     kv, q = _case(rng, 2 * g, 2, 128, 16, "bf16" if g == 7 else "fp16")
     _check_dense(gpu, kv, q)
     for mode in MODES:
         _check_step(gpu, kv, q, 5, mode)
+
+
+@pytest.mark.parametrize("g,dtype,fp8,tune", [(4, "fp16", False, ""), (7, "bf16", False, ""),
+                                              (16, "bf16", False, "stages=4"),
+                                              (8, "fp16", False, "stages=6"),
+                                              (4, "bf16", True, "stages=6"),
+                                              (16, "fp16", True, "ctas=1,stages=4")])
+def test_few_rows_and_deep_rings(gpu, rng, monkeypatch, g, dtype, fp8, tune):
+    """One KV head, 5 requests: 5 dense rows, which the default plans at 1 CTA per SM over a
+    16-bit cache (variants.attention_ctas); rings of 4 and 6 stages over 16-bit and FP8 caches.
+    FP8 (E4M3 summaries): dense and the estimate in every mode (a group of 16 through the
+    group-constant build, the default) against the float64 reference of the dequantized cache."""
+    from questprof.backends import variants
+
+    monkeypatch.setenv("QP_TUNE", tune)
+    kv, q = _case(rng, g, 1, 128, 16, dtype)
+    tile, cache = variants.plan_group(g).tile, E4M3 if fp8 else dtype
+    run = variants.attention_launch(5, 38, 128, tile, 16, cache, 132)
+    assert run.ctas == 1 and run.stages == (int(tune[-1]) if tune else run.stages)
+    if not fp8:
+        _check_dense(gpu, kv, q)
+        _check_step(gpu, kv, q, 5, "shared-max")
+        return
+    kv = quantized(kv, "tensor", E4M3)
+    kv.summary[...] = encode_summary(reference.summary(summary_values(kv), kv_values(kv, "k"),
+                                                       full_plan(kv)), kv)
+    dev_kv, dev_q, f = gpu.put(kv), gpu.asarray(q), lambda x: from_storage(x, dtype)
+    for mode in MODES:
+        want = reference.estimate(f(q), summary_values(kv), kv.kv_indptr, kv.kv_indices, mode)
+        assert rel_err(gpu.to_host(gpu.estimate(dev_q, dev_kv, mode)), want) < 1e-5
+    poison()
+    out, lse = gpu.attention(dev_q, dev_kv)
+    want_out, want_lse = reference.attention(f(q), kv_values(kv, "k"), kv_values(kv, "v"),
+                                             kv.kv_indptr, kv.kv_indices, kv.last_page_len)
+    assert rel_err(from_storage(gpu.to_host(out), dtype), want_out) < TOL[dtype]
+    assert rel_err(gpu.to_host(lse), want_lse) < 1e-5

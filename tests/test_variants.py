@@ -39,7 +39,7 @@ def test_the_page_size_is_a_template_argument_only_for_measured_variants():
     ("fp16", "fp16", 128, 4, 2, (4, 2, True)),     # measured: group and mode constants
     ("bf16", "bf16", 64, 1, 1, (1, 1, True)),
     ("fp16", "fp16", 128, 3, 1, (4, -1, False)),   # 3 on tile 4, group and mode at launch
-    ("fp16", "fp16", 128, 16, 0, (16, -1, False)),
+    ("fp16", "fp16", 128, 16, 0, (16, -1, True)),    # 16 exactly: est16=exact
     ("bf16", "bf16", 96, 1, 2, (1, 0, True)),      # tile 1: every mode is the per-head build
     ("bf16", "bf16", 96, 2, 2, (2, -1, True)),
     ("bf16", "fp16", 128, 4, 0, (4, -1, False)),   # fp16 summaries of an FP8 cache
@@ -92,14 +92,28 @@ def _old_splits(rows, row_pages, page_size, tile_tokens, sms=132):
     return -(-row_pages // per_split), per_split
 
 
-@pytest.mark.parametrize("rows,pages,s,tt", [(32, 2048, 16, 16), (8, 2048, 16, 16),
-                                             (4, 2048, 16, 16), (256, 8192, 16, 16),
-                                             (1, 1, 8, 32), (5, 37, 128, 8), (264, 3, 16, 16)])
-def test_default_splits_are_todays(rows, pages, s, tt):
+@pytest.mark.parametrize("rows,pages,s,tt", [(32, 2048, 16, 16), (16, 2048, 16, 16),
+                                             (256, 8192, 16, 16), (264, 3, 16, 16),
+                                             (17, 37, 128, 8)])
+def test_default_splits_are_todays_past_few_rows(rows, pages, s, tt):
+    """Rows that 2 CTAs per SM cut into fewer than FEW_ROW_SPLITS splits keep the old rule."""
     default = variants.Tuning()
     assert variants.attention_splits(rows, pages, s, tt, 512, 132, default) == _old_splits(
         rows, pages, s, tt)
     assert variants.parse_tuning("") == default
+
+
+@pytest.mark.parametrize("rows,pages,want", [(8, 2048, (16, 128)), (4, 2048, (33, 63)),
+                                             (1, 1, (1, 8)), (5, 37, (5, 8))])
+def test_dense_few_rows_take_one_cta_per_sm(rows, pages, want):
+    """Dense rows of a 16-bit cache that 2 per SM would cut into >= 32 splits plan 1 CTA per SM
+    (llama3-8b / the G 16 shape: 8 rows, 16 x 128; Qwen2.5-7B: 4 rows, 33 x 63); an FP8 cache
+    and selections keep 2 (FP8 Llama-3.1-8B measured slower at 1)."""
+    assert variants.attention_ctas(rows, 132) == 1
+    assert variants.attention_splits(rows, pages, 16, 16, 512, 132) == want
+    assert variants.attention_ctas(rows, 132, E4M3) == variants.attention_ctas(
+        rows, 132, dense=False) == 2
+    assert variants.attention_ctas(16, 132) == variants.attention_ctas(32, 132) == 2
 
 
 def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():
@@ -107,10 +121,11 @@ def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():
     halves them. FP8 Llama-3.1-8B (8 rows, 256-byte tokens): 33 splits, 16 with the floor, while
     the fp16 cache (512-byte tokens) goes from 33 to 32: the floor is in bytes, not tokens."""
     t = variants.parse_tuning("split=bytes,value=512k")
-    assert variants.attention_splits(4, 2048, 16, 16, 512, 132) == (64, 32)
-    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, t) == (32, 64)
-    assert variants.attention_splits(8, 2048, 16, 32, 256, 132, t) == (16, 128)
-    assert variants.attention_splits(8, 2048, 16, 16, 512, 132, t) == (32, 64)
+    two = variants.parse_tuning("ctas=2")
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, two) == (64, 32)
+    assert variants.attention_splits(4, 2048, 16, 16, 512, 132, t, ctas=2) == (32, 64)
+    assert variants.attention_splits(8, 2048, 16, 32, 256, 132, t, ctas=2) == (16, 128)
+    assert variants.attention_splits(8, 2048, 16, 16, 512, 132, t, ctas=2) == (32, 64)
     # never more CTAs than the ctas rule, never over ATT_MAX_PAGES pages a split
     assert variants.attention_splits(256, 8192, 16, 16, 512, 132, t) == (16, 512)
 
@@ -124,9 +139,10 @@ def test_split_by_tokens_and_ctas():
     assert variants.attention_splits(4, 2048, 16, 16, 512, 132, one) == (33, 63)
 
 
-@pytest.mark.parametrize("text,needle", [("split=pages", "split='pages'"), ("ctas=0", "ctas"),
+@pytest.mark.parametrize("text,needle", [("split=pages", "split='pages'"),
                                          ("split=bytes", "value"), ("est16=fast", "est16"),
-                                         ("stages=3", "expected name=value"),
+                                         ("depth=3", "expected name=value"),
+                                         ("stages=5", "stages=5"), ("ctas=-1", "ctas"),
                                          ("value=lots", "whole number")])
 def test_bad_tuning_is_one_line(text, needle):
     with pytest.raises(ValueError, match=needle) as info:
@@ -135,16 +151,16 @@ def test_bad_tuning_is_one_line(text, needle):
 
 
 def test_tuning_is_read_from_the_environment(monkeypatch):
-    monkeypatch.setenv("QP_TUNE", "est16=exact,split=bytes,value=1m")
+    monkeypatch.setenv("QP_TUNE", "est16=loop,split=bytes,value=1m,stages=6")
     t = variants.current_tuning()
-    assert (t.split, t.value, t.est16) == ("bytes", 1 << 20, "exact") and t.name == (
-        "bytes 1024K, est16 exact")
+    assert (t.split, t.value, t.est16, t.stages) == ("bytes", 1 << 20, "loop", 6) and t.name == (
+        "bytes 1024K, stages 6, est16 loop")
+    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, False)
+    monkeypatch.delenv("QP_TUNE")  # the default: a group of exactly 16 is a constant
     assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, True)
     assert variants.estimate_build("bf16", "bf16", 128, 15, 1) == (16, -1, False)  # masked
     assert variants.estimate_build("bf16", "bf16", 128, 32, 1) == (16, -1, False)  # chunked
-    monkeypatch.delenv("QP_TUNE")
-    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, False)
-    assert variants.current_tuning().name == "ctas 2"
+    assert variants.current_tuning().name == "ctas auto"
 
 
 def test_the_shapes_example_is_every_named_model_in_both_caches():
@@ -167,3 +183,43 @@ def test_the_shapes_example_is_every_named_model_in_both_caches():
         assert (cfg.page_size, cfg.budget, cfg.mode) == (16, 2048, "per-head")
     assert {(c.length, c.batch) for c in cases} == {(n, b) for n in (8192, 32768, 131072)
                                                     for b in (1, 8)}
+
+
+KIB = 1024
+
+
+@pytest.mark.parametrize("rows,pages,d,tile,kv,tune,want", [
+    # Qwen2.5-7B dense 32K B1 (4 rows, tile 8): 1 CTA per SM by default, its measured S 16 build
+    (4, 2048, 128, 8, "bf16", "", (33, 63, 2, 64 * KIB, 16, 1)),
+    (4, 2048, 128, 8, "bf16", "ctas=2", (64, 32, 2, 64 * KIB, 16, 2)),  # the launch of ab138da
+    (4, 2048, 128, 8, "bf16", "stages=6", (33, 63, 6, 192 * KIB, 0, 1)),  # deep: page at launch
+    (8, 2048, 128, 16, "bf16", "ctas=2,stages=4", (16, 128, 4, 128 * KIB, 0, 1)),  # 1 fits
+    (8, 2048, 128, 4, E4M3, "", (33, 63, 3, 96 * KIB, 0, 2)),  # FP8 keeps 2 per SM
+    (8, 2048, 128, 4, E4M3, "stages=4", (16, 128, 4, 128 * KIB, 0, 1)),
+    (32, 2048, 128, 1, "fp16", "stages=6", (8, 256, 3, 96 * KIB, 16, 2)),  # tile 1: not built
+    (32, 2048, 96, 1, "bf16", "", (8, 256, 3, 96 * KIB, 0, 2))])  # Phi-3-mini: today's
+def test_attention_launch_table(rows, pages, d, tile, kv, tune, want):
+    """variants.attention_launch: splits, ring depth and bytes, page template, CTAs per SM."""
+    run = variants.attention_launch(rows, pages, d, tile, 16, kv, 132,
+                                    tuning=variants.parse_tuning(tune))
+    assert (run.splits, run.pages_per_split, run.stages, run.ring, run.page, run.ctas) == want
+    sparse = variants.attention_launch(rows, 128, d, tile, 16, kv, 132, dense=False,
+                                       tuning=variants.parse_tuning(tune))
+    assert sparse.ctas == (1 if run.stages > 3 else 2)  # selections: 2 per SM where 2 fit
+
+
+def test_every_default_ring_fits_two_ctas_and_deep_rings_one():
+    """Today's depths keep 2 CTAs per SM at every cache, head dim and tile (the default grids do
+    not change); the deeper rings fit one CTA (227 KiB) beside its static arrays."""
+    for kv in ("fp16", E4M3):
+        for d in variants.HEAD_DIMS:
+            for tile in variants.GROUPS:
+                need = (variants.ring_bytes(d, tile, kv) + variants.static_bytes(d, tile, kv)
+                        + variants.SMEM_RESERVED)
+                assert variants.SMEM_PER_SM // need >= 2, (kv, d, tile)
+        for d in variants.DEEP_HEAD_DIMS:
+            for tile in variants.DEEP_GROUPS:
+                for n in variants.DEEP_STAGES:
+                    ring = variants.ring_bytes(d, tile, kv, n)
+                    assert ring + variants.static_bytes(d, tile, kv) <= 227 * KIB
+    assert variants.static_bytes(128, 8) == 20864 and variants.static_bytes(128, 16) == 4736

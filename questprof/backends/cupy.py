@@ -72,6 +72,12 @@ def _sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+@functools.cache
+def _smem_per_sm() -> int:
+    attrs = cupy.cuda.Device().attributes
+    return int(attrs.get("MaxSharedMemoryPerMultiprocessor", variants.SMEM_PER_SM))
+
+
 def _device_int32(x):
     return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
 
@@ -185,10 +191,9 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
     d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
     rows = kv.batch * kv.kv_heads * plan.chunks
-    token_bytes = 2 * d * kv.k.dtype.itemsize  # K and V of one token of one KV head
-    splits, per_split = variants.attention_splits(
-        rows, max(row_pages, 1), s, variants.tile_tokens(d, G, cache), token_bytes, _sm_count())
-    ring = variants.ring_bytes(d, G, cache)
+    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(),
+                                    sel is None, _smem_per_sm())
+    splits, per_split, ring = run.splits, run.pages_per_split, run.ring
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
     ws_o = ws_lse = row_done = _NULL
@@ -196,8 +201,7 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
-    expr = (f"attention_kernel<{q_tag}, {kv_tag}, {d}, {variants.page_template(d, G, s, cache)}, "
-            f"{G}>")
+    expr = f"attention_kernel<{q_tag}, {kv_tag}, {d}, {run.page}, {G}, {run.stages}>"
     kernel = load_kernel("attention", expr, launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
     launch(kernel, (splits, rows), (ATT_WARPS * 32,), (

@@ -8,8 +8,9 @@ Attention's shared memory and tile length follow kernels/attention_tile.cuh (Rin
 attention_ring_bytes); tests/test_kernels_compile.py compares them with what nvcc computes.
 
 `Tuning` holds the launch choices that need no rebuild by hand (how attention cuts a row into
-splits, which estimate build serves a group of 16), read from the environment variable QP_TUNE
-at each launch, so one process can time several variants side by side (tests/shapes_tuning.py).
+splits, the depth of its rings, which estimate build serves a group of 16), read from the
+environment variable QP_TUNE at each launch, so one process can time several variants side by
+side (tests/shapes_tuning.py); `attention_launch` turns a shape and a Tuning into the launch.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
 BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c builds
 EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
+# Deeper attention rings (QP_TUNE stages=N), built at these head dims and tiles only
+DEEP_STAGES, DEEP_HEAD_DIMS = _C["ATT_DEEP_STAGES"], _C["ATT_DEEP_HEAD_DIMS"]
+DEEP_GROUPS = _C["ATT_DEEP_GROUPS"]
+# Shared memory of sm_90 (H100, H200): per SM, and reserved by the driver per CTA; the launcher
+# reads the device's own figure where it can (backends/cupy.py).
+SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
+# The default split rule plans 1 CTA per SM for dense rows over a 16-bit cache that 2 per SM
+# would cut into this many splits or more (8 rows or fewer on 132 SMs). H200, 2026-12-01, commit
+# ab138da, dense 32K B1, us: Qwen2.5-7B (4 rows) 37.5 -> 32.3, the G 16 shape (8 rows) 59.1 ->
+# 52.4, llama3-8b (8 rows) 42.2 -> 42.0; FP8 Llama-3.1-8B 29.2 -> 30.7 (so FP8 keeps 2).
+FEW_ROW_SPLITS = 32
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
 TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
 # (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
@@ -87,10 +99,12 @@ def measured(d: int, tile: int) -> bool:
     return d in MEASURED_HEAD_DIMS and tile in MEASURED_GROUPS
 
 
-def page_template(d: int, tile: int, page_size: int, kv: str = "fp16") -> int:
-    """attention_kernel's S: the page size for measured variants (16-bit caches) at measured page
-    sizes, else 0 (one build that takes the page size at launch)."""
-    fixed = kv != E4M3 and measured(d, tile) and page_size in MEASURED_PAGE_SIZES
+def page_template(d: int, tile: int, page_size: int, kv: str = "fp16",
+                  stages: int | None = None) -> int:
+    """attention_kernel's S: the page size for measured variants (16-bit caches, the tile's own
+    ring depth) at measured page sizes, else 0 (one build that takes the page size at launch)."""
+    own = stages is None or stages == constants.per_group("ATT_STAGES", tile)
+    fixed = kv != E4M3 and measured(d, tile) and page_size in MEASURED_PAGE_SIZES and own
     return page_size if fixed else 0
 
 
@@ -136,15 +150,25 @@ def tile_tokens(d: int, tile: int, kv: str = "fp16") -> int:
     return constants.per_group("ATT_LOADS", tile) * 32 // lanes
 
 
-def ring_bytes(d: int, tile: int, kv: str = "fp16") -> int:
-    """Dynamic shared memory of one attention CTA: ATT_WARPS rings of NS stages (K and V)."""
+def ring_bytes(d: int, tile: int, kv: str = "fp16", stages: int | None = None) -> int:
+    """Dynamic shared memory of one attention CTA: ATT_WARPS rings of `stages` stages of K and V
+    (None: the tile's ATT_STAGES)."""
     pieces = _pieces(d, kv)
     row_slots = pieces
     if uses_mma(d, tile, kv) and pieces != 4:  # swizzled rows: whole groups of 8 slots
         row_slots = -(-pieces // 8) * 8
     stage = 2 * tile_tokens(d, tile, kv) * row_slots * 16
-    return ATT_WARPS * constants.per_group("ATT_STAGES", tile) * stage
+    return ATT_WARPS * (stages or constants.per_group("ATT_STAGES", tile)) * stage
 
+
+def static_bytes(d: int, tile: int, kv: str = "fp16") -> int:
+    """Static shared memory of attention_kernel as ptxas counts it: a split's page ids and fills,
+    the row-done flag, the warps' maxima and sums, and the measured builds' combine arrays (the
+    others combine in their rings), rounded up to the ring's 128-byte alignment."""
+    words = 2 * ATT_MAX_PAGES + 1 + 2 * ATT_WARPS * tile
+    if kv != E4M3 and measured(d, tile):
+        words += ATT_WARPS * tile * d
+    return -(-4 * words // 128) * 128
 
 def estimate_tiles(d: int, units: int) -> int:
     """Tiles of the estimate's walk over `units` (page, KV head) units: EST_UNROLL batches of one
@@ -154,43 +178,54 @@ def estimate_tiles(d: int, units: int) -> int:
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
 EST16 = ("loop", "exact")
+STAGES = tuple(sorted(set(_C["ATT_STAGES"]) | set(DEEP_STAGES)))  # depths QP_TUNE may name
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """Launch choices that take no rebuild by hand. QP_TUNE="split=bytes,value=524288,est16=exact"
-    (any subset of the fields, comma-separated name=value); unset: today's defaults.
+    """Launch choices that take no rebuild by hand. QP_TUNE="split=bytes,value=524288,stages=6"
+    (any subset of the fields, comma-separated name=value); unset: the defaults below.
 
     split: how attention cuts a row's pages into splits: "ctas" (about `ctas` CTAs per SM over
     the grid), "bytes" (the ctas rule, but no split shorter than `value` bytes of K and V: fewer,
     longer splits for few rows and for FP8 caches, whose per-split cost is the same at half the
     bytes) or "tokens" (splits of `value` tokens). Every rule keeps each warp >= 2 tiles and a
     split <= ATT_MAX_PAGES pages.
-    est16: the estimate of a group of exactly 16 q heads: "loop" (tile 16 with the group and
-    its chunk loop from the launch) or "exact" (the group a compile-time constant, the loop gone).
+    ctas: CTAs per SM the rule plans for; 0 = the default (`attention_ctas`). Never more than
+    the CTAs whose shared memory fits on an SM.
+    stages: depth of attention's per-warp rings; 0 = the tile's ATT_STAGES. A depth is built
+    (ATT_DEEP_*) at head dim 128 for tiles 4, 8 and 16; elsewhere the tile's own depth is used.
+    est16: the estimate of a group of exactly 16 q heads: "exact" (the group a compile-time
+    constant: 20.6 -> 15.2 us on an H200 for the 128 q / 8 KV shape at 32K, the same scores) or
+    "loop" (tile 16 with the group and its chunk loop from the launch).
     """
 
     split: str = "ctas"
-    ctas: int = 2  # the cp.async rings (96 KiB for G <= 4) fit 2 CTAs per SM
+    ctas: int = 0
     value: int = 0
-    est16: str = "loop"
+    est16: str = "exact"
+    stages: int = 0
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
             raise ValueError(f"QP_TUNE split={self.split!r}: expected one of {SPLIT_RULES}")
         if self.est16 not in EST16:
             raise ValueError(f"QP_TUNE est16={self.est16!r}: expected one of {EST16}")
-        if self.ctas < 1 or self.value < 0 or (self.split != "ctas" and self.value < 1):
-            raise ValueError(f"QP_TUNE: ctas must be >= 1 and value >= 1 for split "
+        if self.stages and self.stages not in STAGES:
+            raise ValueError(f"QP_TUNE stages={self.stages}: expected one of {STAGES} "
+                             "(0: the tile's own)")
+        if self.ctas < 0 or self.value < 0 or (self.split != "ctas" and self.value < 1):
+            raise ValueError(f"QP_TUNE: ctas must be >= 0 and value >= 1 for split "
                              f"{self.split!r} (got ctas={self.ctas}, value={self.value})")
 
     @property
     def name(self) -> str:
-        """Short label of the choice, e.g. 'bytes 512K, est16 exact'."""
-        split = (f"ctas {self.ctas}" if self.split == "ctas" else
-                 f"{self.split} {_k(self.value)}" + (f" (ctas {self.ctas})"
-                                                     if self.ctas != 2 else ""))
-        return split + ("" if self.est16 == "loop" else f", est16 {self.est16}")
+        """Short label of the choice, e.g. 'bytes 512K, stages 6'."""
+        ctas = f"ctas {self.ctas}" if self.ctas else "ctas auto"
+        split = (ctas if self.split == "ctas" else
+                 f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
+        return (split + (f", stages {self.stages}" if self.stages else "")
+                + ("" if self.est16 == "exact" else f", est16 {self.est16}"))
 
 
 def _k(n: int) -> str:
@@ -227,15 +262,35 @@ def current_tuning() -> Tuning:
     return parse_tuning(os.environ.get("QP_TUNE", ""))
 
 
+def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
+    """attention_kernel's NS: tuning.stages where that depth is built (ATT_DEEP_*, every cache),
+    else the tile's ATT_STAGES."""
+    own, want = constants.per_group("ATT_STAGES", tile), (tuning or current_tuning()).stages
+    deep = want in DEEP_STAGES and d in DEEP_HEAD_DIMS and tile in DEEP_GROUPS
+    return want if deep else own
+
+
+def attention_ctas(rows: int, sms: int, kv: str = "fp16", dense: bool = True, fit: int = 2,
+                   tuning: Tuning | None = None) -> int:
+    """CTAs per SM the split rule plans for: QP_TUNE's ctas, else 1 for dense launches of few rows
+    over a 16-bit cache (FEW_ROW_SPLITS), else 2; never more than `fit`, the CTAs whose shared
+    memory fits on an SM (a plan for 2 where 1 fits would run 2 waves)."""
+    t = tuning or current_tuning()
+    few = dense and kv != E4M3 and 2 * sms // max(rows, 1) >= FEW_ROW_SPLITS
+    return max(1, min(t.ctas or (1 if few else 2), fit))
+
+
 def attention_splits(rows: int, row_pages: int, page_size: int, tile_tokens: int,
-                     token_bytes: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
-    """(splits, pages per split) of attention rows of row_pages pages; token_bytes: K and V
-    bytes of one token of one KV head. The default (ctas 2): about 2 CTAs per SM, floor not
-    ceil (32 rows x 9 splits = 288 CTAs was 1.09 waves of 264 and made dense 32K 195 us on an
-    H200 against 160 us with one wave; 8 splits = 256 CTAs fit in one)."""
+                     token_bytes: int, sms: int, tuning: Tuning | None = None,
+                     ctas: int | None = None) -> tuple[int, int]:
+    """(splits, pages per split) of attention rows of row_pages pages at about `ctas` CTAs per SM
+    (None: attention_ctas of a dense 16-bit launch); token_bytes: K and V bytes of one token of
+    one KV head. Floor, not ceil, of the CTAs (32 rows x 9 splits = 288 CTAs was 1.09 waves of
+    264 and made dense 32K 195 us on an H200 against 160 us with one wave; 8 splits = 256 CTAs
+    fit in one)."""
     t = tuning or current_tuning()
     min_pages = max(1, -(-2 * ATT_WARPS * tile_tokens // page_size))  # each warp >= 2 tiles
-    want = max(1, t.ctas * sms // rows)
+    want = max(1, (ctas or attention_ctas(rows, sms, tuning=t)) * sms // rows)
     per_split = -(-row_pages // want)
     if t.split == "bytes":
         per_split = max(per_split, -(-t.value // (page_size * token_bytes)))
@@ -243,3 +298,36 @@ def attention_splits(rows: int, row_pages: int, page_size: int, tile_tokens: int
         per_split = -(-t.value // page_size)
     per_split = min(ATT_MAX_PAGES, max(min_pages, per_split))
     return -(-row_pages // per_split), per_split
+
+
+@dataclass(frozen=True)
+class AttentionLaunch:
+    """How attention runs rows of one shape: the grid's splits, the kernel's ring and page size."""
+
+    splits: int
+    pages_per_split: int
+    stages: int   # NS of each warp's ring
+    ring: int     # dynamic shared memory bytes per CTA
+    page: int     # the S template argument (0: page size at launch)
+    ctas: int     # CTAs per SM the splits were planned for
+
+    @property
+    def name(self) -> str:
+        """'splits x pages, N stages': equal names, equal launches."""
+        return f"{self.splits} x {self.pages_per_split}, {self.stages} stages"
+
+
+def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: int, kv: str,
+                     sms: int, dense: bool = True, smem_per_sm: int = SMEM_PER_SM,
+                     tuning: Tuning | None = None) -> AttentionLaunch:
+    """The launch of `rows` attention rows of row_pages pages (backends/cupy.py, attention)."""
+    t = tuning or current_tuning()
+    stages = attention_stages(d, tile, t)
+    ring = ring_bytes(d, tile, kv, stages)
+    fit = smem_per_sm // (ring + static_bytes(d, tile, kv) + SMEM_RESERVED)
+    ctas = attention_ctas(rows, sms, kv, dense, fit, t)
+    token_bytes = 2 * d * (1 if kv == E4M3 else 2)  # K and V of one token of one KV head
+    splits, per_split = attention_splits(rows, row_pages, page_size, tile_tokens(d, tile, kv),
+                                         token_bytes, sms, t, ctas)
+    return AttentionLaunch(splits, per_split, stages, ring,
+                           page_template(d, tile, page_size, kv, stages), ctas)

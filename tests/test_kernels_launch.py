@@ -1,0 +1,104 @@
+"""A dry run of the launchers over a CPU stand-in for CuPy: every kernel a launch names is built and
+gets its parameters (CI, no GPU; the objects come from tests/kernel_objects.py)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import subprocess
+
+from questprof import KERNELS_DIR
+from questprof.backends import variants
+from questprof.core.fp8 import E4M3
+
+
+def _signatures(parts) -> dict[str, int]:
+    """Template instance (as the launcher names it, without spaces) -> its parameter count, of
+    every kernel in a source's objects."""
+    found = {}
+    for result, obj, _ in parts:
+        assert result.returncode == 0, result.stderr
+        symbols = [s for s in subprocess.run(["nm", str(obj)], capture_output=True, text=True,
+                                             check=True).stdout.split()
+                   if s.startswith("_Z") and "_kernelI" in s and "device_stub" not in s]
+        names = subprocess.run(["c++filt"], input="\n".join(symbols), capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+        for name in names:
+            m = re.fullmatch(r"void (\w+<.*>)\((.*)\)", name)
+            if m:
+                found[m.group(1).replace(" ", "")] = m.group(2).count(",") + 1
+    return found
+
+
+# (q heads, KV heads, head dim, page size, queries, cache, summaries) of the launcher dry run
+DRY_RUN = [(8, 2, 128, 16, "fp16", None, None), (9, 3, 64, 8, "bf16", None, None),
+           (71, 1, 128, 128, "fp16", None, None), (32, 32, 96, 16, "bf16", None, None),
+           (16, 8, 256, 8, "bf16", None, None), (32, 8, 128, 16, "bf16", E4M3, E4M3),
+           (32, 8, 128, 16, "fp16", E4M3, "fp16"), (6, 2, 80, 8, "bf16", E4M3, "fp16")]
+
+
+TUNES = ("", "stages=6,est16=loop")  # the defaults, and the deep rings where they are built
+
+
+def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):
+    """A dry run of backends/cupy.py over a CPU stand-in for CuPy (tests/cupy_stub.py): every
+    kernel a launch names is among the built instances and gets as many arguments as it has
+    parameters, at every group, head dim, cache and mode of DRY_RUN."""
+    import importlib
+    import sys
+
+    import numpy as np
+
+    import cupy_stub
+    from conftest import full_plan
+    from questprof.backends.launch_args import persistent_problem
+    from questprof.core.layout import random_paged_kv, random_queries
+    from questprof.core.selectors import KernelForm
+
+    sigs = {}
+    for source in ("attention.cu", "estimate.cu", "estimate_topk.cu", "summary.cu",
+                   "quest_step.cu"):
+        sigs.update(_signatures(objects(source)))
+    topk_src = (KERNELS_DIR / "topk.cu").read_text(encoding="utf-8")
+    sigs["topk_kernel"] = re.search(r"topk_kernel\(([^)]*)\)", topk_src).group(1).count(",") + 1
+    stub = cupy_stub.make()
+    names = ("questprof.backends.cupy", "questprof.backends.pdl",
+             "questprof.backends.cupy_selectors", "questprof.backends.quest_step")
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    monkeypatch.setitem(sys.modules, "cupy", stub)
+    try:
+        ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
+        forms = importlib.import_module(names[2])
+        step = importlib.import_module(names[3])
+        for (qh, kvh, d, s, dtype, cache, summ), tune in itertools.product(DRY_RUN, TUNES):
+            monkeypatch.setenv("QP_TUNE", tune)
+            kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
+                                 spare_pages=3, kv_dtype=cache, summary_dtype=summ)
+            q = random_queries(rng, 4, qh, d, dtype)
+            ops.summary(kv, full_plan(kv))
+            for mode in ("per-head", "shared-max", "shared-mean"):
+                sel, count = ops.topk(ops.estimate(q, kv, mode), kv, 5)
+                sel[...], count[...] = 0, 1
+                ops.attention(q, kv, sel, count)
+                if cache is None and d in variants.FUSED_HEAD_DIMS:
+                    ops.estimate_topk(q, kv, 5, mode)
+                if not persistent_problem(qh, kvh, d, kv.kv_dtype, kv.summary_dtype, mode):
+                    step.quest_step(q, kv, 5, mode)
+            ops.attention(q, kv)
+            for form in (KernelForm(fp8=True), KernelForm(boxes=2), KernelForm(boxes=4),
+                         KernelForm(rule="topp", param=0.5), KernelForm(rule="gap", param=1)):
+                if cache is None and variants.boxes_built(d, form.boxes) and s % form.boxes == 0:
+                    fs = forms.summaries(kv, form, full_plan(kv))
+                    for mode in ("per-head", "shared-max"):
+                        forms.quest(q, kv, fs, 5, mode)
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+    assert len(stub.LAUNCHES) > 120, len(stub.LAUNCHES)
+    assert any(",6>" in e.replace(" ", "") for e, *_ in stub.LAUNCHES)  # a deep ring ran
+    for expression, grid, block, args, shared_mem in stub.LAUNCHES:
+        key = expression.replace(" ", "")
+        assert key in sigs, f"{expression} is not built"
+        assert len(args) == sigs[key], f"{expression}: {len(args)} arguments, {sigs[key]} wanted"
+        assert min(grid) >= 1 and shared_mem <= 227 * 1024
