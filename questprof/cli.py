@@ -301,7 +301,11 @@ def fidelity(
     dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "
                                             "fp32, fp16 or bf16")] = "auto",
     task: Annotated[bool, typer.Option(
-        "--task/--no-task", help="Passkey answered with Quest in the decode loop")] = True,
+        "--task/--no-task", help="The task (passkey, multikey, aggregate) answered with each "
+        "selector in the decode loop")] = True,
+    teacher_forced: Annotated[bool, typer.Option(
+        "--teacher-forced", help="Also decode the task fed the dense answer's tokens: how "
+        "often selection alone changes the next token")] = False,
     min_recall: Annotated[float, typer.Option(
         help="Fidelity floor: 10th-percentile mass recall the recommendation must reach")]
         = 0.9,

@@ -69,7 +69,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
                  depths: str | None = None, dense_layers: int | None = None,
                  dtype: str = "auto", task: bool = True, seed: int = 0, prompts: int | None = None,
-                 selectors: str = "quest"):
+                 selectors: str = "quest", forced: bool = False):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
     from questprof.fidelity.runner import PROMPTS, SOURCES, Request
     if source not in SOURCES:
@@ -90,7 +90,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
                    dense_layers=_dense_layers(source, scenario, dense_layers),
                    task=task, seed=seed, scenario=scenario or "smoke",
                    model=model_path or "smollm2", cache_path=str(cache_path or ""),
-                   prompts=count)
+                   prompts=count, forced=forced)
 
 
 def _depths(text: str) -> tuple[float, ...]:
@@ -129,6 +129,7 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
                          "page_sizes": list(request.grid.page_sizes),
                          "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
                          "selectors": list(request.grid.selectors),
+                         "teacher_forced": request.forced,
                          "dtype": request.grid.dtype, "cache": request.cache_path}}
 
 
@@ -252,7 +253,7 @@ def fidelity_command(args: dict, out_dir, argv, log=print) -> Path:
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
                            args["steps"], args["depths"], args["dense_layers"], args["dtype"],
                            args["task"], args["seed"], args.get("prompts"),
-                           args.get("selector", "quest"))
+                           args.get("selector", "quest"), args.get("teacher_forced", False))
     check_min_recall(args["min_recall"])
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from questprof.fidelity.metrics import selection_mask
+from questprof.fidelity.task_select import QUEST, RowSelectors
 
 
 def shared_cache(cache, prompts: int, copies: int, prefix: int, room: int):
@@ -98,38 +99,76 @@ def shared_attention(query, layer, keep, scaling: float, copies: int) -> torch.T
 
 
 class SettingsHook:
-    """Decode attention for the rows of `copies` budgets of one page size (see the module).
+    """Decode attention for the rows of `copies` settings of one page size (see the module).
 
     indexes: {layer: an index of the rows' prefilled keys} for layers >= dense_layers;
-    k_pages: pages kept per setting, in row order."""
+    settings: (selector, pages kept) per setting in row order, selector a parsed
+    core.selectors.Selector or 'quest'. Quest rows select through the index (the backend's
+    stages, all rows at once); the others run their NumPy reference per row (task_select),
+    their state (h2o, tova evictions) kept per (row, layer) across the decode steps."""
 
-    def __init__(self, cache, indexes: dict, k_pages: list[int], mode: str,
+    def __init__(self, cache, indexes: dict, settings: list, mode: str,
                  dense_layers: int) -> None:
-        self.cache, self.indexes, self.k_pages = cache, indexes, k_pages
-        self.mode, self.dense_layers = mode, dense_layers
+        self.cache, self.indexes, self.mode, self.dense_layers = cache, indexes, mode, dense_layers
+        self.settings = [("quest", s) if isinstance(s, int) else s for s in settings]
+        self.others = RowSelectors(cache, [sel for sel, _ in self.settings])
 
-    def _keep(self, layer: int, query, key) -> torch.Tensor:
+    def _quest(self, index, q, pages: np.ndarray, prompts: int) -> None:
+        """Fill pages [R, Hq, P] of the Quest settings' rows from the index's top-K."""
+        ks = sorted({k for sel, k in self.settings if sel == QUEST})
+        if not ks:
+            return
+        chosen = index.select_many(index.scores(q, self.mode), ks)
+        q_heads = q.shape[1]
+        for i, (sel, k) in enumerate(self.settings):
+            if sel != QUEST:
+                continue
+            part, count = chosen[k][0][:, i * prompts:(i + 1) * prompts], chosen[k][1]
+            flat = np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, part.shape[2])
+            mask = selection_mask(flat, count, prompts * q_heads, index.pages)
+            pages[i * prompts:(i + 1) * prompts] = mask.reshape(prompts, q_heads, -1)
+
+    def _keep(self, layer: int, query, key, scaling: float) -> torch.Tensor:
         """[R, Hq, L] bool: the tokens of each row's selected pages."""
         index = self.indexes[layer]
         index.append(key[:, :, -1:].detach().float().cpu().numpy())
         q = query[:, :, 0].detach().float().cpu().numpy()
         rows, q_heads = q.shape[:2]
-        chosen = index.select_many(index.scores(q, self.mode), sorted(set(self.k_pages)))
-        prompts = rows // len(self.k_pages)
-        masks = []
-        for i, k in enumerate(self.k_pages):
-            sel, count = chosen[k]
-            part = sel[:, i * prompts:(i + 1) * prompts]
-            flat = np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, part.shape[2])
-            masks.append(selection_mask(flat, count, prompts * q_heads, index.pages))
-        pages = torch.cat([torch.as_tensor(m) for m in masks]).reshape(rows, q_heads, -1)
+        prompts = rows // len(self.settings)
+        pages = np.zeros((rows, q_heads, index.pages), dtype=bool)
+        self._quest(index, q, pages, prompts)
+        self.others.fill(layer, q, self.settings, pages, index, scaling)
         length = self.cache.layers[layer].get_seq_length()
-        return pages.repeat_interleave(index.page_size, dim=2)[:, :, :length]
+        return torch.as_tensor(pages).repeat_interleave(index.page_size, dim=2)[:, :, :length]
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
-        keep = None if layer < self.dense_layers else self._keep(layer, query, key)
+        keep = (None if layer < self.dense_layers
+                else self._keep(layer, query, key, float(module.scaling)))
         if keep is not None:
             keep = keep.to(query.device)
         return shared_attention(query, self.cache.layers[layer], keep, module.scaling,
-                                len(self.k_pages))
+                                len(self.settings))
+
+
+@torch.inference_mode()
+def decode_settings(loaded, batch, captured, base: dict, settings: list, page_size: int,
+                    mode: str, dense_layers: int, forced: bool = False) -> dict:
+    """{(selector, budget): [task_select.Answer per prompt]}: greedy answers with each setting's
+    selection in layers >= dense_layers, every setting of `page_size` in one decode (Quest's
+    rows in `mode`, the others per head); `forced` adds a teacher-forced copy of every row.
+    base: model_run.base_indexes at this page size; captured: model_run.capture's."""
+    from questprof.fidelity.hooks import active, decode
+    from questprof.fidelity.prompts import answered
+    from questprof.fidelity.task_select import answers, forced_inputs
+    steps, prompts = captured.captures[0].steps, len(batch)
+    rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
+    cache = shared_cache(captured.cache, prompts, len(rows), captured.prefix, steps)
+    indexes = {layer: index.tiled(len(rows)) for layer, index in base.items()
+               if layer >= dense_layers}
+    hook = SettingsHook(cache, indexes, rows, mode, dense_layers)
+    fed = forced_inputs(captured.tokens, len(settings), forced)
+    with active(hook):
+        tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * len(rows), steps, fed)
+    right = lambda j, got: answered(loaded.tokenizer, batch[j], got)  # noqa: E731
+    return answers(tokens, captured.tokens, list(settings), right, forced)
