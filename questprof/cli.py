@@ -134,6 +134,9 @@ def sweep(
         "Measure fidelity on this model (a transformers folder of the sweep's own model is "
         "best; a .gguf file; 'smollm2'): 20 passkey prompts at the longest length, at most "
         "8k"))] = None,
+    budgets_file: Annotated[Optional[str], typer.Option(help=(
+        "A per-layer budget table (budgets.toml, written by questprof fidelity): the Quest "
+        "step is timed with each layer's budget, at the table's page size and mode"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     from questprof.commands import sweep_job

@@ -181,7 +181,22 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
             count += 1
         writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
     log(f"{count} rows in {time.perf_counter() - started:.1f} s")
+    write_budgets(out_dir, min_recall, log)
     return out_dir
+
+
+def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
+    """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
+    when the rows hold no Quest fidelity to build it from."""
+    from questprof.core.budgets import write_table
+    from questprof.report.budgets import per_layer, saving_line
+    got = per_layer(load(out_dir)[0], min_recall)
+    if got is None:
+        return None
+    path = write_table(got.table, Path(out_dir) / "budgets.toml")
+    log(f"{saving_line(got)} Written to {path}: time it with questprof sweep --budgets-file "
+        f"{path}")
+    return path
 
 
 def real_model_available() -> bool:
