@@ -160,8 +160,9 @@ def decode_settings(loaded, batch, captured, base: dict, settings: list, page_si
     base: model_run.base_indexes at this page size; captured: model_run.capture's."""
     from questprof.fidelity.hooks import active, decode
     from questprof.fidelity.prompts import answered
-    from questprof.fidelity.task_select import answers, forced_inputs
+    from questprof.fidelity.task_select import answers, decoded, forced_inputs, stand_in
     steps, prompts = captured.captures[0].steps, len(batch)
+    every, settings = settings, decoded(settings)
     rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
     cache = shared_cache(captured.cache, prompts, len(rows), captured.prefix, steps)
     indexes = {layer: index.tiled(len(rows)) for layer, index in base.items()
@@ -171,4 +172,5 @@ def decode_settings(loaded, batch, captured, base: dict, settings: list, page_si
     with active(hook):
         tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * len(rows), steps, fed)
     right = lambda j, got: answered(loaded.tokenizer, batch[j], got)  # noqa: E731
-    return answers(tokens, captured.tokens, list(settings), right, forced)
+    got = answers(tokens, captured.tokens, list(settings), right, forced)
+    return {s: got[stand_in(s, settings)] for s in every}

@@ -23,20 +23,48 @@ import numpy as np
 import torch
 
 from questprof.core import selectors as registry
-from questprof.core.selection import View
+from questprof.core.selection import View, box_summary, fp8_outward
 from questprof.fidelity.select import stored
 
 QUEST = "quest"
 
 
 class RowSelectors:
-    """Per-row selection of the non-Quest settings; state per (row, layer), steps per layer."""
+    """Per-row selection of the non-Quest settings; state per (row, layer), steps per layer.
+
+    The rows of a prompt share its prefilled keys: they are converted to float64 once per
+    prompt and layer call (each row writes only its own tokens after them), and the min/max
+    summaries of the prefix's whole boxes are kept for the decode (a row summarises only its
+    tail), so that a row's View costs its own tokens, not the prompt's."""
 
     def __init__(self, cache, selectors: list) -> None:
         self.cache = cache
         self.parsed = {s: registry.parse(s) for s in set(selectors) if s != QUEST}
         self.states: dict = {}
         self.steps: dict = {}
+        self.boxes: dict = {}  # (layer, prompt, width) -> min/max of the prefix's whole boxes
+
+    def _bounds(self, keys: np.ndarray, layer: int, prompt: int, prefix: int):
+        """box_bounds(q, width, fp8) of keys [Hkv, L, d] for View: the prefix's whole boxes kept
+        (and their FP8 rounding while the tail does not raise a KV head's amax, which would
+        change its scale), the tail's summarised per row; bounds summed by a float64 matmul."""
+        def box_bounds(q: np.ndarray, width: int, fp8: bool) -> np.ndarray:
+            whole = prefix // width
+            key = (layer, prompt, width)
+            if key not in self.boxes:
+                summ = box_summary(keys[:, :whole * width], width)
+                amax = np.abs(summ).max(axis=(0, 2, 3))
+                self.boxes[key] = (summ, amax, fp8_outward(summ, amax))
+            head, amax, rounded = self.boxes[key]
+            tail = box_summary(keys[:, whole * width:], width)
+            if fp8:
+                most = np.maximum(amax, np.abs(tail).max(axis=(0, 2, 3)))
+                rounded = rounded if (most == amax).all() else fp8_outward(head, most)
+                summ = np.concatenate([rounded, fp8_outward(tail, most)])
+            else:
+                summ = np.concatenate([head, tail])
+            return matmul_bound(q, summ)
+        return box_bounds
 
     def fill(self, layer: int, q: np.ndarray, settings: list, pages: np.ndarray, index,
              scaling: float) -> None:
@@ -49,16 +77,30 @@ class RowSelectors:
         prompts = len(q) // len(settings)
         prefix = held.prefix_k.detach().float().cpu().numpy()        # [P, Hkv, L0, d]
         own = held.keys.detach().float().cpu().numpy()               # [R, Hkv, t, d]
-        for i, (name, k) in enumerate(settings):
-            if name == QUEST:
-                continue
-            for j in range(prompts):
+        start = prefix.shape[2]
+        for j in range(prompts):
+            keys = np.empty((prefix.shape[1], start + own.shape[2], prefix.shape[3]))
+            keys[:, :start] = stored(prefix[j], index.dtype)
+            bounds = self._bounds(keys, layer, j, start)
+            for i, (name, k) in enumerate(settings):
+                if name == QUEST:
+                    continue
                 row = i * prompts + j
-                keys = stored(np.concatenate([prefix[j], own[row]], axis=1), index.dtype)
+                keys[:, start:] = stored(own[row], index.dtype)
                 view = View(stored(q[row], index.dtype), keys, index.page_size, scaling,
-                            seed=1000 * layer + step)
+                            seed=1000 * layer + step, box_bounds=bounds)
                 state = self.states.setdefault((row, layer), self.parsed[name].start())
                 pages[row] = self.parsed[name].select(view, k, state).mask
+
+
+def matmul_bound(q: np.ndarray, summ: np.ndarray) -> np.ndarray:
+    """U [Hq, n] = q+ . max + q- . min for q [Hq, d] over summaries [n, Hkv, 2, d] (the terms
+    of reference.estimate, summed by a matmul, as host_index does)."""
+    kv_heads = summ.shape[1]
+    q = q.reshape(kv_heads, -1, q.shape[-1])                             # [Hkv, g, d]
+    lo, hi = summ[:, :, 0].transpose(1, 2, 0), summ[:, :, 1].transpose(1, 2, 0)  # [Hkv, d, n]
+    u = np.maximum(q, 0.0) @ hi + np.minimum(q, 0.0) @ lo
+    return u.reshape(-1, summ.shape[0])
 
 
 @dataclass(frozen=True)
@@ -71,6 +113,29 @@ class Answer:
     correct: bool | None
     first_divergence: int | None
     forced_match: float | None = None
+
+
+def _budget_free(name: str) -> bool:
+    return name != QUEST and not registry.parse(name).family.budgeted
+
+
+def decoded(settings: list) -> list:
+    """The (selector, budget) settings a decode runs: each once, and a selector whose selection
+    ignores the budget (bnb) at its first budget only: its other budgets would answer alike."""
+    out, seen = [], set()
+    for name, budget in settings:
+        key = name if _budget_free(name) else (name, budget)
+        if key not in seen:
+            seen.add(key)
+            out.append((name, budget))
+    return out
+
+
+def stand_in(setting: tuple, ran: list) -> tuple:
+    """The setting of `ran` (decoded) that answers for `setting`."""
+    if setting in ran or not _budget_free(setting[0]):
+        return setting
+    return next(s for s in ran if s[0] == setting[0])
 
 
 def first_divergence(tokens, dense) -> int | None:
