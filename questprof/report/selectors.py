@@ -177,6 +177,6 @@ def glance_lines(df: pd.DataFrame, meta: dict) -> list[str]:
             f"{_describe(under.iloc[0])}")
     quest = under[under["selector"] == "quest"]
     if under.iloc[0]["selector"] != "quest":
-        line += (f"; Quest needs {_describe(quest.iloc[0])}" if not quest.empty
+        line += (f"; against {_describe(quest.iloc[0])}" if not quest.empty
                  else "; Quest reaches it at no budget measured")
     return [line + "."]
