@@ -101,7 +101,8 @@ def shared_attention(query, layer, keep, scaling: float, copies: int) -> torch.T
 class SettingsHook:
     """Decode attention for the rows of `copies` settings of one page size (see the module).
 
-    indexes: {layer: an index of the rows' prefilled keys} for layers >= dense_layers;
+    indexes: {layer: an index of the prefilled keys of the rows of indexed()} for layers >=
+    dense_layers;
     settings: (selector, pages kept) per setting in row order, selector a parsed
     core.selectors.Selector or 'quest'. Quest rows select through the index (the backend's
     stages, all rows at once); the others run their NumPy reference per row (task_select),
@@ -113,17 +114,23 @@ class SettingsHook:
         self.settings = [("quest", s) if isinstance(s, int) else s for s in settings]
         self.others = RowSelectors(cache, [sel for sel, _ in self.settings])
 
+    def indexed(self) -> list[int]:
+        """The settings whose rows the page index holds, in its row order: Quest's (the
+        first setting alone when there is none: the index then only counts pages)."""
+        return [i for i, (sel, _) in enumerate(self.settings) if sel == QUEST] or [0]
+
     def _quest(self, index, q, pages: np.ndarray, prompts: int) -> None:
-        """Fill pages [R, Hq, P] of the Quest settings' rows from the index's top-K."""
-        ks = sorted({k for sel, k in self.settings if sel == QUEST})
-        if not ks:
+        """Fill pages [R, Hq, P] of the Quest settings' rows from the index's top-K (q: the
+        queries of the index's rows)."""
+        held = [i for i in self.indexed() if self.settings[i][0] == QUEST]
+        if not held:
             return
-        chosen = index.select_many(index.scores(q, self.mode), ks)
+        chosen = index.select_many(index.scores(q, self.mode),
+                                   sorted({self.settings[i][1] for i in held}))
         q_heads = q.shape[1]
-        for i, (sel, k) in enumerate(self.settings):
-            if sel != QUEST:
-                continue
-            part, count = chosen[k][0][:, i * prompts:(i + 1) * prompts], chosen[k][1]
+        for at, i in enumerate(held):
+            sel, count = chosen[self.settings[i][1]]
+            part = sel[:, at * prompts:(at + 1) * prompts]
             flat = np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, part.shape[2])
             mask = selection_mask(flat, count, prompts * q_heads, index.pages)
             pages[i * prompts:(i + 1) * prompts] = mask.reshape(prompts, q_heads, -1)
@@ -131,12 +138,14 @@ class SettingsHook:
     def _keep(self, layer: int, query, key, scaling: float) -> torch.Tensor:
         """[R, Hq, L] bool: the tokens of each row's selected pages."""
         index = self.indexes[layer]
-        index.append(key[:, :, -1:].detach().float().cpu().numpy())
         q = query[:, :, 0].detach().float().cpu().numpy()
         rows, q_heads = q.shape[:2]
         prompts = rows // len(self.settings)
+        mine = np.concatenate([np.arange(i * prompts, (i + 1) * prompts)
+                               for i in self.indexed()])
+        index.append(key[mine, :, -1:].detach().float().cpu().numpy())
         pages = np.zeros((rows, q_heads, index.pages), dtype=bool)
-        self._quest(index, q, pages, prompts)
+        self._quest(index, q[mine], pages, prompts)
         self.others.fill(layer, q, self.settings, pages, index, scaling)
         length = self.cache.layers[layer].get_seq_length()
         return torch.as_tensor(pages).repeat_interleave(index.page_size, dim=2)[:, :, :length]
@@ -165,9 +174,9 @@ def decode_settings(loaded, batch, captured, base: dict, settings: list, page_si
     every, settings = settings, decoded(settings)
     rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
     cache = shared_cache(captured.cache, prompts, len(rows), captured.prefix, steps)
-    indexes = {layer: index.tiled(len(rows)) for layer, index in base.items()
-               if layer >= dense_layers}
-    hook = SettingsHook(cache, indexes, rows, mode, dense_layers)
+    hook = SettingsHook(cache, {}, rows, mode, dense_layers)
+    hook.indexes = {layer: index.tiled(len(hook.indexed())) for layer, index in base.items()
+                    if layer >= dense_layers}  # Quest's rows only: 2.5 GB less at 2K
     fed = forced_inputs(captured.tokens, len(settings), forced)
     with active(hook):
         tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * len(rows), steps, fed)
