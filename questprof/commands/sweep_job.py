@@ -52,8 +52,8 @@ class SweepArgs:
     summary_dtype: str | None = None
     kv_scale: str | None = None
     tp: int | None = None
-    budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
     e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
+    budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
     # the fields named on the command line: over a resumed run's, only these change
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
