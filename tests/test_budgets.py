@@ -109,6 +109,24 @@ def test_the_sweep_times_a_table_layer_by_layer(tmp_path):
     assert meta["args"]["budgets_file"] == str(path)
 
 
+def test_a_table_budget_beyond_the_context_still_walks_the_table(tmp_path):
+    """The grid's budget (the table's largest) covers every page at 1k: the Quest step still
+    runs each layer's own budget, not dense attention."""
+    budgets = (2048,) + (64,) * (_smoke_layers() - 1)
+    path = write_table(BudgetTable(budgets, 16), tmp_path / "budgets.toml")
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--backend", "numpy",
+                                      "--lengths", "1k", "--batch", "1", "--budgets-file",
+                                      str(path), "--repeats", "1", "--no-e2e",
+                                      "--no-fidelity", "--bytes", "none", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    from questprof.results import load
+    df, _ = load(out)
+    quest = df[(df["stage"] == "quest") & (df["impl"] == "ours")].iloc[0]
+    assert quest["status"] == "ok" and quest["layer_budgets"].startswith("2048,64")
+    assert 0 < quest["rho_model"] < 1 and pd.isna(quest["reason"])
+
+
 @pytest.mark.parametrize("body", ["page_size = 16\n[layers]\n0 = 24\n",
                                   "page_size = 16\n[layers]\n0 = 32\n"])
 def test_the_sweep_refuses_a_bad_table_in_one_line(tmp_path, body):

@@ -217,7 +217,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
             continue
-        runs = "dense" if dense_budget and stage == "quest" else stage
+        table = opts.budget_table is not None and (stage, impl) == ("quest", OURS)
+        runs = "dense" if dense_budget and stage == "quest" and not table else stage
         key = shared_key(cfg, runs, impl)
         try:
             timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts, flashinfer)
@@ -236,7 +237,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
             parts[runs] = got
             if runs == "quest":
                 got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
-        if opts.budget_table is not None and stage == runs == "quest" and impl == OURS:
+        if table:  # the Quest step walked the table: each layer its own budget
             from questprof.commands import sweep_table
 
             got = {**got, **sweep_table.fields(cfg, opts.budget_table, opts.budgets_file)}

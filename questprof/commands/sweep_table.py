@@ -75,4 +75,6 @@ def fields(cfg, table: BudgetTable, path: str) -> dict:
     bytes of its layers over dense's (the formula's 1/S + K/P holds per layer only)."""
     dense = model.stage_work(cfg)["dense"].read
     return {"budgets_file": str(path), "layer_budgets": table.text(),
-            "rho_model": work(cfg, table).read / dense, "rho_formula": None}
+            "rho_model": work(cfg, table).read / dense, "rho_formula": None,
+            # the sum of the three stages' measured bytes is at the grid's (largest) budget
+            "measured_read_bytes": None, "measured_write_bytes": None, "bytes_source": None}
