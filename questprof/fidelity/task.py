@@ -1,12 +1,14 @@
-"""The passkey task with Quest in the decode loop: every budget of a page size in one decode.
+"""The task (passkey, multikey, aggregate) with each selector in the decode loop: every
+selector and budget of a page size in one decode.
 
 The rows of one decode are `copies` settings x P prompts (row = setting * P + prompt). They
 share the prompts' prefilled cache, kept once ([P, Hkv, L0, d]); only the tokens each row
 decodes are its own. Attention of a row is a softmax over its prompt's prefix and its own
 tokens, computed so that all settings' queries of a prompt read the prefix's keys and values
 once (the task reads the cache once per page size, not once per budget). Layers below
-`dense_layers` attend to every token; the others to the pages their setting's top-K keeps,
-chosen by select.page_index over all rows at once.
+`dense_layers` attend to every token; the others to the pages their setting keeps: Quest's
+top-K chosen by select.page_index over all its rows at once, every other selector's by its
+reference per row (task_select.RowSelectors).
 """
 
 from __future__ import annotations
@@ -98,26 +100,30 @@ def shared_attention(query, layer, keep, scaling: float, copies: int) -> torch.T
     return (out / total.to(out.dtype)).reshape(rows, 1, q_heads, d)
 
 
+def indexed(settings: list) -> list[int]:
+    """The settings whose rows the page index holds, in its row order: Quest's (the first
+    setting alone when there is none: the index then only counts pages)."""
+    return [i for i, (sel, _) in enumerate(settings) if sel == QUEST] or [0]
+
+
 class SettingsHook:
     """Decode attention for the rows of `copies` settings of one page size (see the module).
 
     indexes: {layer: an index of the prefilled keys of the rows of indexed()} for layers >=
     dense_layers;
-    settings: (selector, pages kept) per setting in row order, selector a parsed
-    core.selectors.Selector or 'quest'. Quest rows select through the index (the backend's
+    settings: (selector, pages kept) per setting in row order, selector a core.selectors
+    name ('quest' included). Quest rows select through the index (the backend's
     stages, all rows at once); the others run their NumPy reference per row (task_select),
     their state (h2o, tova evictions) kept per (row, layer) across the decode steps."""
 
     def __init__(self, cache, indexes: dict, settings: list, mode: str,
                  dense_layers: int) -> None:
         self.cache, self.indexes, self.mode, self.dense_layers = cache, indexes, mode, dense_layers
-        self.settings = [("quest", s) if isinstance(s, int) else s for s in settings]
+        self.settings = list(settings)
         self.others = RowSelectors(cache, [sel for sel, _ in self.settings])
 
     def indexed(self) -> list[int]:
-        """The settings whose rows the page index holds, in its row order: Quest's (the
-        first setting alone when there is none: the index then only counts pages)."""
-        return [i for i, (sel, _) in enumerate(self.settings) if sel == QUEST] or [0]
+        return indexed(self.settings)
 
     def _quest(self, index, q, pages: np.ndarray, prompts: int) -> None:
         """Fill pages [R, Hq, P] of the Quest settings' rows from the index's top-K (q: the
@@ -174,9 +180,9 @@ def decode_settings(loaded, batch, captured, base: dict, settings: list, page_si
     every, settings = settings, decoded(settings)
     rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
     cache = shared_cache(captured.cache, prompts, len(rows), captured.prefix, steps)
-    hook = SettingsHook(cache, {}, rows, mode, dense_layers)
-    hook.indexes = {layer: index.tiled(len(hook.indexed())) for layer, index in base.items()
-                    if layer >= dense_layers}  # Quest's rows only: 2.5 GB less at 2K
+    held = len(indexed(rows))  # Quest's rows only: 2.5 GB less for 2 prompts at 2K
+    indexes = {layer: index.tiled(held) for layer, index in base.items() if layer >= dense_layers}
+    hook = SettingsHook(cache, indexes, rows, mode, dense_layers)
     fed = forced_inputs(captured.tokens, len(settings), forced)
     with active(hook):
         tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * len(rows), steps, fed)
