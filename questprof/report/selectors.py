@@ -100,18 +100,36 @@ def _frontier(pts: pd.DataFrame) -> pd.Series:
     return marks
 
 
-def _figure(pts: pd.DataFrame, floor: float) -> go.Figure:
-    """rho against p10 mass recall, one trace per selector, the floor as a line."""
+def _figure(pts: pd.DataFrame, y: str, label: str, title: str,
+            floor: float | None = None) -> go.Figure:
+    """rho against column y, one trace per selector (the floor as a line when given)."""
     fig = go.Figure()
     for name, rows in pts.groupby("selector", sort=False):
         rows = rows.sort_values("rho")
-        fig.add_trace(go.Scatter(x=rows["rho"], y=rows["mass_recall_p10"], name=str(name),
+        fig.add_trace(go.Scatter(x=rows["rho"], y=rows[y], name=str(name),
                                  mode="lines+markers", text=rows["budget"].map(str),
-                                 hovertemplate="budget %{text}: rho %{x:.3f}, p10 %{y:.3f}"))
-    fig.add_hline(y=floor, line_dash="dot", annotation_text=f"floor {floor:g}")
-    fig.update_layout(xaxis_title="rho (bytes read / dense)", yaxis_title="p10 mass recall",
-                      height=420, margin={"t": 30})
+                                 hovertemplate="budget %{text}: rho %{x:.3f}, "
+                                               + label + " %{y:.3f}"))
+    if floor is not None:
+        fig.add_hline(y=floor, line_dash="dot", annotation_text=f"floor {floor:g}")
+    fig.update_layout(title=title, xaxis_title="rho (bytes read / dense)", yaxis_title=label,
+                      height=420, margin={"t": 40})
     return fig
+
+
+def _figures(pts: pd.DataFrame, floor: float) -> str:
+    """Per source and length: rho against p10 mass recall, and against task accuracy where
+    task rows exist."""
+    html = ""
+    for (source, length), group in pts.groupby(["source", "length"], sort=True):
+        where = f"{source} at {int(length)} tokens"
+        html += figure(_figure(group, "mass_recall_p10", "p10 mass recall", where, floor),
+                       f"selectors-{source}-{int(length)}")
+        if group["task_share"].notna().any():
+            html += figure(_figure(group.dropna(subset=["task_share"]), "task_share",
+                                   "task accuracy (selector in the loop)", where),
+                           f"selectors-task-{source}-{int(length)}")
+    return html
 
 
 def _shown(pts: pd.DataFrame) -> pd.DataFrame:
@@ -133,7 +151,7 @@ def sections(df: pd.DataFrame, meta: dict) -> list[tuple[str, str, str, str]]:
     pts = points(df)
     if pts.empty:
         return []
-    body = figure(_figure(pts, min_recall(meta)), "selectors")
+    body = _figures(pts, min_recall(meta))
     body += table(_shown(pts), COLUMNS, "selectors-table",
                   numeric=[c for c in COLUMNS if c not in ("source", "selector")],
                   best=pts["frontier"])
