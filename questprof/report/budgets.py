@@ -31,9 +31,9 @@ class LayerBudgets:
 
     table: BudgetTable
     layers: pd.DataFrame
-    table_bytes: float
+    table_bytes: float | None  # None (and dense_bytes) where the rows lack the model's shape
     uniform_bytes: float | None
-    dense_bytes: float
+    dense_bytes: float | None
 
 
 def _quest_heads(df: pd.DataFrame) -> pd.DataFrame:
@@ -79,12 +79,15 @@ def _one(rows: pd.DataFrame, floor: float, length: int, page: int, mode: str,
         account.append({"layer": int(layer), "budget": pick,
                         "p10": None if pick is None else float(p10.loc[layer, pick]), "why": why})
     first = rows.iloc[0]
-    per_token = 2 * int(first["kv_heads"]) * int(first["head_dim"]) * VALUE_BYTES
-    size = lambda b: _layer_bytes(b, length, page, per_token)  # noqa: E731
     tab = BudgetTable(tuple(budgets), page, mode, str(first.get("model") or ""), floor, uniform,
                       {**meta, "length": length})
+    kv, d = first.get("kv_heads"), first.get("head_dim")
+    if pd.isna(kv) or pd.isna(d):  # rows without the shape: the table, no bytes
+        return LayerBudgets(tab, pd.DataFrame(account), None, None, None)
+    size = lambda b: _layer_bytes(b, length, page, 2 * int(kv) * int(d) * VALUE_BYTES)  # noqa: E731
+    kept_dense = dense.reindex(p10.index, fill_value=False)
     uniform_bytes = (None if uniform is None else
-                     sum(size(None if d else uniform) for d in dense.reindex(p10.index, fill_value=False)))
+                     sum(size(None if kept else uniform) for kept in kept_dense))
     return LayerBudgets(tab, pd.DataFrame(account), sum(size(b) for b in budgets), uniform_bytes,
                         len(budgets) * size(None))
 
@@ -101,7 +104,7 @@ def per_layer(df: pd.DataFrame, floor: float) -> LayerBudgets | None:
     meta = {"source": source, "prompts": int(rows["samples"].max()) if "samples" in rows else 0}
     tables = [_one(group, floor, length, int(page), str(mode), meta)
               for (page, mode), group in rows.groupby(["page_size", "mode"])]
-    return min(tables, key=lambda t: t.table_bytes) if tables else None
+    return min(tables, key=lambda t: t.table_bytes or 0.0) if tables else None
 
 
 def _mb(x: float | None) -> str:
@@ -113,6 +116,9 @@ def _mb(x: float | None) -> str:
 def saving_line(got: LayerBudgets) -> str:
     """One sentence: the table's bytes against the uniform budget's and dense."""
     t = got.table
+    if got.table_bytes is None:
+        return (f"Per-layer budgets (page {t.page_size}, {t.mode}): bytes not computed (the rows "
+                "do not record kv_heads and head_dim).")
     base = (f"Per-layer budgets (page {t.page_size}, {t.mode}, {t.info.get('source')} at "
             f"{t.info.get('length')} tokens) read {_mb(got.table_bytes)} per decode step and "
             f"request, dense {_mb(got.dense_bytes)}")
