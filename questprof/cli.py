@@ -135,6 +135,9 @@ def sweep(
         "Measure fidelity on this model (a transformers folder of the sweep's own model is "
         "best; a .gguf file; 'smollm2'): 20 passkey prompts at the longest length, at most "
         "8k"))] = None,
+    budgets_file: Annotated[Optional[str], typer.Option(help=(
+        "A per-layer budget table (budgets.toml, written by questprof fidelity): the Quest "
+        "step is timed with each layer's budget, at the table's page size and mode"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     from questprof.commands import sweep_job
@@ -302,7 +305,11 @@ def fidelity(
     dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "
                                             "fp32, fp16 or bf16")] = "auto",
     task: Annotated[bool, typer.Option(
-        "--task/--no-task", help="Passkey answered with Quest in the decode loop")] = True,
+        "--task/--no-task", help="The task (passkey, multikey, aggregate) answered with each "
+        "selector in the decode loop")] = True,
+    teacher_forced: Annotated[bool, typer.Option(
+        "--teacher-forced", help="Also decode the task fed the dense answer's tokens: how "
+        "often selection alone changes the next token")] = False,
     min_recall: Annotated[float, typer.Option(
         help="Fidelity floor: 10th-percentile mass recall the recommendation must reach")]
         = 0.9,

@@ -17,7 +17,7 @@ FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
 META_KEYS = ["scenario", "lengths", "batch", "page_size", "budget", "mode", "backend", "layers",
              "repeats", "warmup", "graph", "bytes_source", "peers", "e2e", "e2e_budget",
              "e2e_page_size", "gpus", "fidelity", "fidelity_model", "kv_dtype", "summary_dtype",
-             "kv_scale", "tp", "e2e_on"]
+             "kv_scale", "tp", "e2e_on", "budgets_file"]
 
 
 def run(*args):

@@ -69,7 +69,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
                  lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
                  depths: str | None = None, dense_layers: int | None = None,
                  dtype: str = "auto", task: bool = True, seed: int = 0, prompts: int | None = None,
-                 selectors: str = "quest"):
+                 selectors: str = "quest", forced: bool = False):
     """A checked runner.Request from command-line values; ConfigError on bad input."""
     from questprof.fidelity.runner import PROMPTS, SOURCES, Request
     if source not in SOURCES:
@@ -90,7 +90,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
                    dense_layers=_dense_layers(source, scenario, dense_layers),
                    task=task, seed=seed, scenario=scenario or "smoke",
                    model=model_path or "smollm2", cache_path=str(cache_path or ""),
-                   prompts=count)
+                   prompts=count, forced=forced)
 
 
 def _depths(text: str) -> tuple[float, ...]:
@@ -129,6 +129,7 @@ def _meta(request, backend, command: str, min_recall: float) -> dict:
                          "page_sizes": list(request.grid.page_sizes),
                          "budgets": list(request.grid.budgets), "modes": list(request.grid.modes),
                          "selectors": list(request.grid.selectors),
+                         "teacher_forced": request.forced,
                          "dtype": request.grid.dtype, "cache": request.cache_path}}
 
 
@@ -193,6 +194,7 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
             _write(writer, waiting, phases)
         writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
     log(f"{count} rows in {time.perf_counter() - started:.1f} s")
+    write_budgets(out_dir, min_recall, log)
     return out_dir
 
 
@@ -210,6 +212,20 @@ def phase_table(phases: dict, total: float) -> list[str]:
     lines = ["phase      seconds"]
     lines += [f"{name:<10} {seconds:7.1f}" for name, seconds in phases.items()]
     return lines + [f"{'total':<10} {total:7.1f}"]
+
+
+def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
+    """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
+    when the rows hold no Quest fidelity to build it from."""
+    from questprof.core.budgets import write_table
+    from questprof.report.budgets import per_layer, saving_line
+    got = per_layer(load(out_dir)[0], min_recall)
+    if got is None:
+        return None
+    path = write_table(got.table, Path(out_dir) / "budgets.toml")
+    log(f"{saving_line(got)} Written to {path}: time it with questprof sweep --budgets-file "
+        f"{path}")
+    return path
 
 
 def real_model_available() -> bool:
@@ -283,7 +299,7 @@ def fidelity_command(args: dict, out_dir, argv, log=print,
                            args["lengths"], args["page_size"], args["budget"], args["mode"],
                            args["steps"], args["depths"], args["dense_layers"], args["dtype"],
                            args["task"], args["seed"], args.get("prompts"),
-                           args.get("selector", "quest"))
+                           args.get("selector", "quest"), args.get("teacher_forced", False))
     check_min_recall(args["min_recall"])
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")

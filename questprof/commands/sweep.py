@@ -49,6 +49,8 @@ class Options:
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
     idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
     pools: PoolCache | None = None  # CPU: the last pools, for the next configuration
+    budget_table: object = None  # core.budgets.BudgetTable: the Quest step per layer's budget
+    budgets_file: str = ""  # where budget_table came from (the rows name it)
 
 
 def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
@@ -98,9 +100,14 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
     return {"measured_read_bytes": read, "measured_write_bytes": write, "bytes_source": "cupti"}
 
 
-def _launcher(work: Workload, stage: str, impl: str, flashinfer: dict):
+def _launcher(work: Workload, stage: str, impl: str, flashinfer: dict, table=None):
     """launch(layer) of (stage, impl); FlashInfer's peer is built at the first of its rows of a
-    workload and kept in `flashinfer` (cleared before the pools are released)."""
+    workload and kept in `flashinfer` (cleared before the pools are released); our Quest step
+    walks `table` (per-layer budgets) when one is given."""
+    if table is not None and stage == "quest" and impl == OURS:
+        from questprof.commands.sweep_table import launcher
+
+        return launcher(work, table)
     if impl != FLASHINFER:
         return work.launcher(impl if impl != OURS else stage)
     if "peer" not in flashinfer:
@@ -127,7 +134,7 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options,
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
     from questprof.measure.timing import time_layers
 
-    launch = _launcher(work, stage, impl, flashinfer)
+    launch = _launcher(work, stage, impl, flashinfer, opts.budget_table)
     t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
                     uses_torch=impl != OURS)
     timing = {**t.summary(), "note": t.note}
@@ -191,7 +198,9 @@ def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
 
 def config_rows(scenario: str, cfg, backend, keys, opts: Options):
     """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done."""
-    layers = sim_layers(cfg, backend, opts.layers)
+    from questprof.commands.sweep_table import pass_layers
+
+    layers = pass_layers(sim_layers(cfg, backend, opts.layers), opts.budget_table)
     dense_budget = cfg.is_dense_budget
     # ncu's child builds its own one-layer workload: before ours, which may take most of the
     # memory (on an H200 the child of smoke's 2k and 4k points could not create its context).
@@ -208,7 +217,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
             continue
-        runs = "dense" if dense_budget and stage == "quest" else stage
+        table = opts.budget_table is not None and (stage, impl) == ("quest", OURS)
+        runs = "dense" if dense_budget and stage == "quest" and not table else stage
         key = shared_key(cfg, runs, impl)
         try:
             timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts, flashinfer)
@@ -227,6 +237,13 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
             parts[runs] = got
             if runs == "quest":
                 got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
+        if table:  # the Quest step walked the table: each layer its own budget
+            from questprof.commands import sweep_table
+
+            got = {**got, **sweep_table.fields(cfg, opts.budget_table, opts.budgets_file)}
+            yield row(stage, impl, timing=timing, work=sweep_table.work(cfg, opts.budget_table),
+                      reason=reason, **got)
+            continue
         yield row(stage, impl, timing=timing, work=work.work(runs), reason=reason, **got)
     flashinfer.clear()  # its torch views hold the pools' memory
     del work

@@ -53,6 +53,7 @@ class SweepArgs:
     kv_scale: str | None = None
     tp: int | None = None
     e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
+    budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
     # the fields named on the command line: over a resumed run's, only these change
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -175,7 +176,7 @@ def announce(scenario, configs, backend, args: SweepArgs) -> None:
                       f"{fidelity or 'none'})", highlight=False, markup=False)
 
 
-def _options(args: SweepArgs, backend, source):
+def _options(args: SweepArgs, backend, source, table=None):
     from questprof.commands.sweep import Options
 
     repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
@@ -193,17 +194,18 @@ def _options(args: SweepArgs, backend, source):
                    warmup=warmup if args.warmup is None else args.warmup,
                    graph=bool(args.graph), layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers,
-                   flashinfer=flashinfer, ncu=ncu)
+                   flashinfer=flashinfer, ncu=ncu, budget_table=table,
+                   budgets_file=args.budgets_file or "")
 
 
 def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
-          source, status) -> None:
+          source, status, table=None) -> None:
     """run_sweep with progress, then the summary table."""
     from questprof import results
     from questprof.commands.sweep import row_keys, run_sweep
     from questprof.report.frames import summary_table
 
-    opts = _options(args, backend, source)
+    opts = _options(args, backend, source, table)
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     with console.Ticker(scenario.name, total) as ticker:
         def step(row: dict, done: int, _total: int) -> None:
@@ -277,8 +279,13 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     from questprof.backends import get_backend
     from questprof.workload.pools import check_cache
 
+    from questprof.commands.sweep_table import apply_table
+
     args = resolve_args(resume, given)
     scenario, configs = configs_from_args(args.as_dict())
+    args, table = apply_table(args, scenario.model.layers)
+    if table is not None:  # the table's page size, largest budget and mode
+        scenario, configs = configs_from_args(args.as_dict())
     backend = get_backend(args.backend)
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
     args = replace(args, e2e_on=(backend.is_gpu and _torch_gpu()) if args.e2e is None
@@ -296,7 +303,7 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     start = time.perf_counter()
     try:
         _grid(scenario, configs, backend, target, args, resume is not None, argv, source,
-              status)
+              status, table)
         _extras(scenario, configs, backend, target, args)
     except KeyboardInterrupt:
         interrupted(target)

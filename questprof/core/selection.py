@@ -35,7 +35,12 @@ class Selection:
 class View:
     """One query q [Hq, d] over keys [Hkv, L, d] in pages of `page_size` tokens (float64)."""
 
-    def __init__(self, q, keys, page_size: int, scaling: float, seed: int = 0) -> None:
+    def __init__(self, q, keys, page_size: int, scaling: float, seed: int = 0,
+                 box_bounds=None) -> None:
+        """box_bounds(q, width, fp8) -> [Hq, n] bounds of the n boxes of `width` tokens, when
+        the caller has a faster way (the task keeps its prompts' prefix summaries and sums by a
+        matmul); default: reference.estimate over box_summary of the keys."""
+        self.box_bounds = box_bounds or self._box_bounds
         self.q = np.asarray(q, dtype=np.float64)
         self.keys = np.asarray(keys, dtype=np.float64)
         kv_heads, self.length, self.d = self.keys.shape
@@ -76,12 +81,15 @@ class View:
         """U_p(q) [Hq, P]: the largest bound of the page's `boxes` sub-boxes (consecutive S/c
         tokens each), min/max exact or rounded outward to FP8 (`fp8`)."""
         if (boxes, fp8) not in self._bounds:
-            summ = box_summary(self.keys, self.page_size // boxes, fp8)
-            n = len(summ)
-            u = reference.estimate(self.q[None], summ, np.array([0, n]), np.arange(n))
+            u = self.box_bounds(self.q, self.page_size // boxes, fp8)
+            n = u.shape[1]
             u = np.concatenate([u, np.full((self.q_heads, self.pages * boxes - n), -np.inf)], 1)
             self._bounds[boxes, fp8] = u.reshape(self.q_heads, self.pages, boxes).max(axis=2)
         return self._bounds[boxes, fp8]
+
+    def _box_bounds(self, q: np.ndarray, width: int, fp8: bool) -> np.ndarray:
+        summ = box_summary(self.keys, width, fp8)
+        return reference.estimate(q[None], summ, np.array([0, len(summ)]), np.arange(len(summ)))
 
 
 def fp8_box_scale(amax) -> np.ndarray:
@@ -102,21 +110,19 @@ def box_summary(keys: np.ndarray, width: int, fp8: bool = False, scale=None) -> 
     k = np.pad(keys, ((0, 0), (0, n * width - length), (0, 0)), mode="edge")
     k = k.reshape(kv_heads, n, width, d)
     summ = np.stack([k.min(axis=2), k.max(axis=2)], axis=2).transpose(1, 0, 2, 3)
-    if not fp8:
-        return summ
+    return fp8_outward(summ, scale=scale) if fp8 else summ
+
+
+def fp8_outward(summ: np.ndarray, amax: np.ndarray | None = None, scale=None) -> np.ndarray:
+    """Summaries [n, Hkv, 2, d] rounded outward to E4M3, one scale per KV head: `scale` [Hkv],
+    default fp8_box_scale of amax [Hkv], the largest |value| of the whole cache's summaries
+    (default: of summ's)."""
     if scale is None:
-        scale = fp8_box_scale(np.abs(summ).max(axis=(0, 2, 3)))
+        scale = fp8_box_scale(np.abs(summ).max(axis=(0, 2, 3)) if amax is None else amax)
     scale = np.asarray(scale, dtype=np.float64)[None, :, None]
     lo = from_e4m3(to_e4m3(summ[:, :, 0] / scale, "down")) * scale
     hi = from_e4m3(to_e4m3(summ[:, :, 1] / scale, "up")) * scale
     return np.stack([lo, hi], axis=2)
-
-
-def _mask_of(view: View, sel, count) -> np.ndarray:
-    """reference.topk's sel [Hq, 1, K], count [1] -> mask [Hq, P]."""
-    mask = np.zeros((view.q_heads, view.pages), dtype=bool)
-    np.put_along_axis(mask, sel[:, 0, : int(count[0])].astype(np.int64), True, axis=1)
-    return mask
 
 
 def _done(mask: np.ndarray, bound=None, eps=None) -> Selection:
@@ -125,10 +131,17 @@ def _done(mask: np.ndarray, bound=None, eps=None) -> Selection:
 
 def topk_bound(view: View, k: int, boxes: int = 1, fp8: bool = False, sinks: int = 0,
                window: int = 0) -> Selection:
-    """Quest and its variants: the K pages of largest U_p (reference.topk, tail page in)."""
+    """Quest and its variants: the K pages of largest U_p (reference.topk, tail page in), for
+    all heads at once: the reserved pages (tail, sinks, window) first, then the others by U_p
+    descending, ties to the lower position (a test holds it to reference.topk)."""
     u = view.bound(boxes, fp8)
-    sel, count = reference.topk(u, np.array([0, view.pages]), k, sinks, window)
-    return _done(_mask_of(view, sel, count), u)
+    keep = reference.reserved_positions(view.pages, k, sinks, window)
+    score = u.copy()
+    score[:, keep] = np.inf
+    top = np.argsort(-score, axis=1, kind="stable")[:, :min(k, view.pages)]
+    mask = np.zeros((view.q_heads, view.pages), dtype=bool)
+    np.put_along_axis(mask, top, True, axis=1)
+    return _done(mask, u)
 
 
 def sink_window(view: View, k: int) -> Selection:

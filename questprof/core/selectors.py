@@ -66,8 +66,9 @@ class KernelForm:
 class Family:
     """One selector family: `param` parses the text after the colon (None: takes none),
     `wants` says what it must be, `letter` names it, `boxes` the summary copies read per page (0: no summaries),
-    `fp8` whether those are FP8, `stateful` whether it keeps state across decode steps, `kernel`
-    its KernelForm from the parameter (None: no kernel, the reference only)."""
+    `fp8` whether those are FP8, `stateful` whether it keeps state across decode steps,
+    `budgeted` whether the budget changes what it selects, `kernel` its KernelForm from the
+    parameter (None: no kernel, the reference only)."""
 
     name: str
     run: Callable
@@ -78,6 +79,7 @@ class Family:
     boxes: Callable[[object], float] = lambda p: 1.0
     fp8: bool = False
     stateful: bool = False
+    budgeted: bool = True  # False: selects the same pages whatever the budget (bnb)
     kernel: Callable[[object], KernelForm] | None = None
 
 
@@ -118,7 +120,7 @@ FAMILIES = {f.name: f for f in (
            kernel=lambda p: KernelForm(rule="topp", param=p)),
     Family("bnb", lambda v, k, p, s: selection.branch_and_bound(v, p),
            "branch and bound: exact top-R tokens, pages read as needed (budget ignored)",
-           _int, "a whole number of tokens R >= 1", "R"),
+           _int, "a whole number of tokens R >= 1", "R", budgeted=False),
 )}
 # every name a full comparison runs (`--selector all`): each family once, the issue's parameters
 EXAMPLES = ("quest", "quest+sink+window", "streaming", "h2o", "tova", "oracle", "order:position",

@@ -129,15 +129,19 @@ def prefill(model, ids: torch.Tensor, cache=None):
     return getattr(out, "cache", None) or out.past_key_values
 
 
-def decode(model, cache, tokens, steps: int) -> list[list[int]]:
+def decode(model, cache, tokens, steps: int, forced=None) -> list[list[int]]:
     """Greedy decode of a batch: feed `tokens` [B] (one per prompt), then each row's argmax,
-    `steps` times; returns the new tokens per prompt."""
+    `steps` times; returns the new tokens per prompt. forced [B, steps] (teacher forcing):
+    where >= 0, the id fed after each step instead of the row's argmax."""
     kw = _cache_kw(model)
     device = next(model.parameters()).device
     ids = torch.tensor([[int(t)] for t in tokens], device=device)
     out = []
-    for _ in range(steps):
+    for step in range(steps):
         logits = model(input_ids=ids, use_cache=True, **{kw: cache}).logits
         ids = logits[:, -1].argmax(dim=-1, keepdim=True)
         out.append(ids[:, 0].tolist())
+        if forced is not None:
+            fed = forced[:, step:step + 1].to(device)
+            ids = torch.where(fed >= 0, fed, ids)
     return [list(row) for row in zip(*out)]

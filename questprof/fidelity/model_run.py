@@ -175,20 +175,13 @@ def base_indexes(captured: Captured, backend, page_size: int, dtype: str,
             for layer in range(dense_layers, captured.layers)}
 
 
-@torch.inference_mode()
 def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, base: dict,
                  budgets: list[int], page_size: int, mode: str,
                  dense_layers: int) -> dict[int, list[tuple[list[int], bool | None]]]:
     """{budget: (tokens, correct) per prompt}: greedy answers with Quest attention in layers >=
-    dense_layers, every budget of `page_size` in one decode (task.py). base: base_indexes at
-    this page size."""
-    from questprof.fidelity.task import SettingsHook, shared_cache
-    steps, prompts, copies = captured.steps, len(batch), len(budgets)
-    cache = shared_cache(captured.cache, prompts, copies, captured.prefix, steps)
-    indexes = {layer: index.tiled(copies) for layer, index in base.items()
-               if layer >= dense_layers}
-    hook = SettingsHook(cache, indexes, [b // page_size for b in budgets], mode, dense_layers)
-    with active(hook):
-        tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * copies, steps)
-    return {b: [(tokens[i * prompts + j], answered(loaded.tokenizer, p, tokens[i * prompts + j]))
-                for j, p in enumerate(batch)] for i, b in enumerate(budgets)}
+    dense_layers, every budget of `page_size` in one decode (task.decode_settings, which runs
+    the other selectors too). base: base_indexes at this page size."""
+    from questprof.fidelity.task import decode_settings
+    got = decode_settings(loaded, batch, captured, base, [("quest", b) for b in budgets],
+                          page_size, mode, dense_layers)
+    return {b: [(a.tokens, a.correct) for a in got["quest", b]] for b in budgets}

@@ -110,3 +110,18 @@ def task_row(meta: dict, length: int, page_size: int, budget: int, mode: str,
     row["passkey_dense_correct"] = float(np.mean(dense)) if dense else None
     row["passkey_quest_correct"] = float(np.mean(quest)) if quest else None
     return row
+
+
+def divergence_fields(answers: list) -> dict:
+    """Where a setting's answers leave dense's (task_select.Answer per prompt):
+    `dense_agreement` (share of prompts whose tokens all equal dense's), `first_divergence`
+    (per prompt, '|'-joined, '-' where none within the steps), `first_divergence_median` (over
+    the prompts that diverge; None when none does) and `forced_match` (teacher-forced: share of
+    steps whose argmax equals dense's, mean over prompts; None when not run)."""
+    seen = [a.first_divergence for a in answers]
+    diverged = [s for s in seen if s is not None]
+    forced = [a.forced_match for a in answers if a.forced_match is not None]
+    return {"dense_agreement": float(np.mean([s is None for s in seen])) if seen else None,
+            "first_divergence": "|".join("-" if s is None else str(s) for s in seen),
+            "first_divergence_median": float(np.median(diverged)) if diverged else None,
+            "forced_match": _round(np.mean(forced)) if forced else None}

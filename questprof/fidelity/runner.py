@@ -37,6 +37,7 @@ class Request:
     model: str = "smollm2"
     cache_path: str = ""
     prompts: int = PROMPTS
+    forced: bool = False  # the task teacher-forced too (dense tokens fed), beside free-running
 
     def prompt_depths(self) -> tuple[float, ...]:
         return self.depths or prompts.spread_depths(self.prompts)
@@ -160,7 +161,7 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
     the second thread waits on the other jobs); the metrics and the task are small ops
     either way."""
     from questprof.fidelity.device_eval import evaluate_captured
-    from questprof.fidelity.model_run import base_indexes, capture, task_answers
+    from questprof.fidelity.model_run import base_indexes, capture
     grid, answers = request.grid, {}
     with one_thread():
         started = time.perf_counter()
@@ -174,14 +175,26 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
         metrics = with_selectors(quest, captured.captures if others(grid) else [], grid)
         tally.add("metrics", started)
         if request.task and (chunk[0].answer or loaded.tokenizer is None):
-            started, mode = time.perf_counter(), grid.modes[0]
-            for size in grid.page_sizes:  # every budget of a page size in one decode
-                budgets = [b for s, b, m in grid.settings() if s == size and m == mode]
-                got = task_answers(loaded, chunk, captured, bases[size], budgets, size, mode,
-                                   request.dense_layers)
-                answers.update({(size, b, mode): got[b] for b in budgets})
+            started = time.perf_counter()
+            answers = _task(loaded, chunk, captured, bases, request)
             tally.add("task", started)
     return metrics, answers, captured.infos, _meta(captured, request, backend, source, source)
+
+
+def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
+    """{setting key: [task_select.Answer per prompt]}: every selector and budget of a page size
+    in one decode (Quest in the first --mode, keyed (S, B, mode); the others per head, keyed
+    (S, B, 'per-head', name) as their metrics)."""
+    from questprof.fidelity.task import decode_settings
+    grid, mode, answers = request.grid, request.grid.modes[0], {}
+    for size in grid.page_sizes:
+        settings = [(name, b) for name in grid.selectors for b in grid.budgets if b % size == 0]
+        got = decode_settings(loaded, chunk, captured, bases[size], settings, size, mode,
+                              request.dense_layers, request.forced)
+        for (name, b), value in got.items():
+            key = (size, b, mode) if name == "quest" else (size, b, "per-head", name)
+            answers[key] = value
+    return answers
 
 
 def model_rows(request: Request, backend, log, phases: dict | None = None):
@@ -219,12 +232,17 @@ def model_rows(request: Request, backend, log, phases: dict | None = None):
 
 
 def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, length: int):
-    """Passkey rows: answered with dense attention and with Quest at every page size and budget."""
+    """Task rows: answered with dense attention and with each selector at every page size and
+    budget, with where the answer first left dense's (rows.divergence_fields)."""
     dense = [bool(info["dense_correct"]) for info in infos]
-    for (page_size, budget, mode), got in answers.items():
-        row = rows.task_row(meta, length, page_size, budget, mode, dense, [a[1] for a in got])
+    for key, got in answers.items():
+        page_size, budget, mode = key[:3]
+        row = rows.task_row(meta, length, page_size, budget, mode, dense,
+                            [a.correct for a in got])
+        row["selector"] = key[3] if len(key) > 3 else "quest"
+        row.update(rows.divergence_fields(got))
         row["passkey_keys"] = "|".join(p.answer for p in batch)
-        row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a[0]).strip()
+        row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a.tokens).strip()
                                                 for a in got)
         yield row
 

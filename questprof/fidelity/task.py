@@ -1,19 +1,24 @@
-"""The passkey task with Quest in the decode loop: every budget of a page size in one decode.
+"""The task (passkey, multikey, aggregate) with each selector in the decode loop: every
+selector and budget of a page size in one decode.
 
 The rows of one decode are `copies` settings x P prompts (row = setting * P + prompt). They
 share the prompts' prefilled cache, kept once ([P, Hkv, L0, d]); only the tokens each row
 decodes are its own. Attention of a row is a softmax over its prompt's prefix and its own
 tokens, computed so that all settings' queries of a prompt read the prefix's keys and values
 once (the task reads the cache once per page size, not once per budget). Layers below
-`dense_layers` attend to every token; the others to the pages their setting's top-K keeps,
-chosen by select.page_index over all rows at once.
+`dense_layers` attend to every token; the others to the pages their setting keeps: Quest's
+top-K chosen by select.page_index over all its rows at once, every other selector's by its
+reference per row (task_select.RowSelectors).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from questprof.fidelity.device import as_tensor, selection_masks
+from questprof.fidelity.metrics import selection_mask
+from questprof.fidelity.task_select import QUEST, RowSelectors
 
 
 def shared_cache(cache, prompts: int, copies: int, prefix: int, room: int):
@@ -96,37 +101,112 @@ def shared_attention(query, layer, keep, scaling: float, copies: int) -> torch.T
     return (out / total.to(out.dtype)).reshape(rows, 1, q_heads, d)
 
 
+def indexed(settings: list) -> list[int]:
+    """The settings whose rows the page index holds, in its row order: Quest's (the first
+    setting alone when there is none: the index then only counts pages)."""
+    return [i for i, (sel, _) in enumerate(settings) if sel == QUEST] or [0]
+
+
 class SettingsHook:
-    """Decode attention for the rows of `copies` budgets of one page size (see the module).
+    """Decode attention for the rows of `copies` settings of one page size (see the module).
 
-    indexes: {layer: an index of the rows' prefilled keys} for layers >= dense_layers;
-    k_pages: pages kept per setting, in row order."""
+    indexes: {layer: an index of the prefilled keys of the rows of indexed()} for layers >=
+    dense_layers;
+    settings: (selector, pages kept) per setting in row order, selector a core.selectors
+    name ('quest' included). Quest rows select through the index (the backend's
+    stages, all rows at once); the others run their NumPy reference per row (task_select),
+    their state (h2o, tova evictions) kept per (row, layer) across the decode steps."""
 
-    def __init__(self, cache, indexes: dict, k_pages: list[int], mode: str,
+    def __init__(self, cache, indexes: dict, settings: list, mode: str,
                  dense_layers: int) -> None:
-        self.cache, self.indexes, self.k_pages = cache, indexes, k_pages
-        self.mode, self.dense_layers = mode, dense_layers
+        self.cache, self.indexes, self.mode, self.dense_layers = cache, indexes, mode, dense_layers
+        self.settings = list(settings)
+        self.others = RowSelectors(cache, [sel for sel, _ in self.settings])
 
-    def _keep(self, layer: int, query, key) -> torch.Tensor:
-        """[R, Hq, L] bool on the model's device: the tokens of each row's selected pages."""
-        index = self.indexes[layer]
+    def _device_pages(self, index, query, key) -> torch.Tensor:
+        """[R, Hq, P] bool on the model's device when every row is Quest's: the index appends
+        and selects there and no mask crosses to the host (on an H200 the task of 20 prompts
+        of 8K took 3.9 s this way, 2026-12-01)."""
         index.append(key[:, :, -1:].detach())
         q = query[:, :, 0].detach()
         rows, q_heads = q.shape[:2]
-        chosen = index.select_many(index.scores(q, self.mode), sorted(set(self.k_pages)),
-                                   host=False)
-        prompts = rows // len(self.k_pages)
+        k_pages = [k for _, k in self.settings]
+        chosen = index.select_many(index.scores(q, self.mode), sorted(set(k_pages)), host=False)
+        prompts = rows // len(k_pages)
         masks = []
-        for i, k in enumerate(self.k_pages):
+        for i, k in enumerate(k_pages):
             sel, count = chosen[k]
             part = as_tensor(sel, query.device)[:, i * prompts:(i + 1) * prompts]
             masks.append(selection_masks(part, count, prompts * q_heads, index.pages))
-        pages = torch.cat(masks).reshape(rows, q_heads, -1)
+        return torch.cat(masks).reshape(rows, q_heads, -1)
+
+    def indexed(self) -> list[int]:
+        return indexed(self.settings)
+
+    def _quest(self, index, q, pages: np.ndarray, prompts: int) -> None:
+        """Fill pages [R, Hq, P] of the Quest settings' rows from the index's top-K (q: the
+        queries of the index's rows)."""
+        held = [i for i in self.indexed() if self.settings[i][0] == QUEST]
+        if not held:
+            return
+        chosen = index.select_many(index.scores(q, self.mode),
+                                   sorted({self.settings[i][1] for i in held}))
+        q_heads = q.shape[1]
+        for at, i in enumerate(held):
+            sel, count = chosen[self.settings[i][1]]
+            part = sel[:, at * prompts:(at + 1) * prompts]
+            flat = np.ascontiguousarray(part.transpose(1, 0, 2)).reshape(-1, part.shape[2])
+            mask = selection_mask(flat, count, prompts * q_heads, index.pages)
+            pages[i * prompts:(i + 1) * prompts] = mask.reshape(prompts, q_heads, -1)
+
+    def _keep(self, layer: int, query, key, scaling: float) -> torch.Tensor:
+        """[R, Hq, L] bool: the tokens of each row's selected pages."""
+        index = self.indexes[layer]
         length = self.cache.layers[layer].get_seq_length()
-        return pages.repeat_interleave(index.page_size, dim=2)[:, :, :length]
+        if all(sel == QUEST for sel, _ in self.settings):
+            pages = self._device_pages(index, query, key)
+            return pages.repeat_interleave(index.page_size, dim=2)[:, :, :length]
+        q = query[:, :, 0].detach().float().cpu().numpy()
+        rows, q_heads = q.shape[:2]
+        prompts = rows // len(self.settings)
+        mine = np.concatenate([np.arange(i * prompts, (i + 1) * prompts)
+                               for i in self.indexed()])
+        index.append(key[mine, :, -1:].detach().float().cpu().numpy())
+        pages = np.zeros((rows, q_heads, index.pages), dtype=bool)
+        self._quest(index, q[mine], pages, prompts)
+        self.others.fill(layer, q, self.settings, pages, index, scaling)
+        return torch.as_tensor(pages).repeat_interleave(index.page_size, dim=2)[:, :, :length]
 
     def __call__(self, module, query, key, value):
         layer = module.layer_idx
-        keep = None if layer < self.dense_layers else self._keep(layer, query, key)
+        keep = (None if layer < self.dense_layers
+                else self._keep(layer, query, key, float(module.scaling)))
+        if keep is not None:
+            keep = keep.to(query.device)
         return shared_attention(query, self.cache.layers[layer], keep, module.scaling,
-                                len(self.k_pages))
+                                len(self.settings))
+
+
+@torch.inference_mode()
+def decode_settings(loaded, batch, captured, base: dict, settings: list, page_size: int,
+                    mode: str, dense_layers: int, forced: bool = False) -> dict:
+    """{(selector, budget): [task_select.Answer per prompt]}: greedy answers with each setting's
+    selection in layers >= dense_layers, every setting of `page_size` in one decode (Quest's
+    rows in `mode`, the others per head); `forced` adds a teacher-forced copy of every row.
+    base: model_run.base_indexes at this page size; captured: model_run.capture's."""
+    from questprof.fidelity.hooks import active, decode
+    from questprof.fidelity.prompts import answered
+    from questprof.fidelity.task_select import answers, decoded, forced_inputs, stand_in
+    steps, prompts = captured.steps, len(batch)
+    every, settings = settings, decoded(settings)
+    rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
+    cache = shared_cache(captured.cache, prompts, len(rows), captured.prefix, steps)
+    held = len(indexed(rows))  # Quest's rows only: 2.5 GB less for 2 prompts at 2K
+    indexes = {layer: index.tiled(held) for layer, index in base.items() if layer >= dense_layers}
+    hook = SettingsHook(cache, indexes, rows, mode, dense_layers)
+    fed = forced_inputs(captured.tokens, len(settings), forced)
+    with active(hook):
+        tokens = decode(loaded.model, cache, [p.ids[-1] for p in batch] * len(rows), steps, fed)
+    right = lambda j, got: answered(loaded.tokenizer, batch[j], got)  # noqa: E731
+    got = answers(tokens, captured.tokens, list(settings), right, forced)
+    return {s: got[stand_in(s, settings)] for s in every}

@@ -218,7 +218,8 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
         "machine": meta_table(meta, clocks(df)),
     }
     fidelity = fidelity_report.sections(df, meta)  # [] without fidelity rows
-    content["glance"] = fidelity_report.glance(df, meta) + content["glance"]
+    content["glance"] = (fidelity_report.glance(df, meta, selectors_report.glance_lines(every, meta))
+                         + content["glance"])
     # a fidelity-only run has no timing rows: its report skips the empty timing sections
     shown = SECTIONS if have or not fidelity else (SECTIONS[0], SECTIONS[-1])
     body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in shown)
@@ -244,4 +245,6 @@ def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
 def glance_lines(df: pd.DataFrame, meta: dict, out_dir=None) -> list[str]:
     """The recommendation of "At a glance" as plain sentences, for the command line."""
     where = {"results_dir": str(out_dir)} if out_dir is not None else {}
-    return fidelity_report.glance_lines(df, {**where, **(meta or {})})
+    meta = {**where, **(meta or {})}
+    return (fidelity_report.glance_lines(selectors_report.quest_only(df), meta)
+            + selectors_report.glance_lines(df, meta))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from questprof.report import budgets
 from questprof.report import fidelity_figures as figs
 from questprof.report import fidelity_frames as ff
 from questprof.report import recommend
@@ -121,7 +122,7 @@ def fidelity_section(df: pd.DataFrame, meta: dict) -> str:
     figures = "".join(figure(fig, f"fidelity-budget-{i}")
                       for i, fig in enumerate(figs.budget_figures(ff.summary(df), floor)))
     return (_sources(df) + figures + _heatmap(df) + _passkey(df) + "<h3>Every setting</h3>"
-            + summary_table(df, floor) + _dense_apart(df))
+            + summary_table(df, floor) + budgets.section_html(df, floor) + _dense_apart(df))
 
 
 def frontier_section(df: pd.DataFrame, meta: dict) -> str:
@@ -177,7 +178,7 @@ def glance_lines(df: pd.DataFrame, meta: dict) -> list[str]:
 
 
 LEADS = ("Fidelity floor", "Recommended", "Not decided", "Decided", "How sure",
-         "Ranked by speed alone", "Indistinguishable from the floor")
+         "Ranked by speed alone", "Indistinguishable from the floor", "Among selectors")
 
 
 def _html(line: str) -> str:
@@ -191,9 +192,10 @@ def _html(line: str) -> str:
     return esc(line)
 
 
-def glance(df: pd.DataFrame, meta: dict) -> str:
-    """glance_lines as a list, one sentence an item (empty when there is nothing to say)."""
-    lines = glance_lines(df, meta)
+def glance(df: pd.DataFrame, meta: dict, more: list[str] = ()) -> str:
+    """glance_lines and `more` (the selectors' lines) as a list, one sentence an item (empty
+    when there is nothing to say)."""
+    lines = glance_lines(df, meta) + list(more)
     if not lines:
         return ""
     items = "".join(f"<li>{_html(line)}</li>" for line in lines)
