@@ -32,11 +32,11 @@
 // (tile 1), as the three-kernel step runs per-head selections. Other shapes take three kernels.
 #include "quest_step.cuh"
 
-// grid: one resident wave at most (any size works); block PS_THREADS; dynamic shared memory
+// grid: one resident wave at most (any size works); block QS_THREADS; dynamic shared memory
 // ps_ring_bytes<T, D>(). state as Step says, zero at launch and zero again at the end; ws_o
 // [Hq B, splits, D] and ws_lse [Hq B, splits] when splits > 1.
 template <typename T, int D, int G>
-__global__ void __launch_bounds__(PS_THREADS, PS_CTAS_PER_SM)
+__global__ void __launch_bounds__(PS_NT, QS_CTAS)
 quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                   const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                   const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -44,11 +44,10 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
                   int* __restrict__ count, uint16_t* __restrict__ out, float* __restrict__ lse,
                   float* ws_o, float* ws_lse, int* state, int batch, int q_heads, int kv_heads,
                   int nnz, int k_pages, int sinks, int window, int splits, int split_pages,
-                  int page_shift, float scale_log2) {
-  static_assert(PS_THREADS == ATT_WARPS * 32, "attention's warps are the CTA");
+                  int page_shift, float scale_log2, int stop) {
   static_assert(ps_ring_bytes<T, D>() >= PS_KEYS_AT * 16 + 1024, "room for top-K's keys");
-  static_assert(PS_CTAS_PER_SM * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
-                "PS_CTAS_PER_SM CTAs fit an H200 SM's shared memory");
+  static_assert(QS_CTAS * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
+                "QS_CTAS CTAs fit an H200 SM's shared memory");
   extern __shared__ __align__(128) uint4 ps_smem[];
   __shared__ int s_page[PS_MAX_SPLIT_PAGES], s_valid[PS_MAX_SPLIT_PAGES];
   __shared__ int s_slot, s_fifo[2], s_last;
@@ -57,11 +56,8 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   grid_release();  // the next grid's CTAs find room only as this one's leave
   Step s{q, summ, k, v, indptr, indices, last_len, scores, sel, count, out, lse, ws_o, ws_lse,
          state, batch, q_heads, kv_heads, q_heads / kv_heads, nnz, k_pages, sinks, window, splits,
-         split_pages, page_shift, scale_log2};
-  s.tph = (nnz + ps_ticket_units<D>() - 1) / ps_ticket_units<D>();
-  s.per_head = s.tph + batch * s.group;
-  s.est_end = kv_heads * s.per_head;
-  s.total = s.est_end + batch * q_heads * splits;
+         split_pages, page_shift, scale_log2, stop};
+  s.plan<D>();
   constexpr int KEYS_CAP = (ps_ring_bytes<T, D>() - PS_KEYS_AT * 16) / 4;
   int t = take_ticket(s, &s_slot);
   while (t < s.total) {  // block-uniform
@@ -69,7 +65,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
     if (kind == PS_ESTIMATE) {
       t = estimate_run<T, D, G>(s, t, s_fifo, &s_slot);
     } else if (kind == PS_SELECT) {
-      select_item<PS_THREADS>(s, t, ps_smem, KEYS_CAP);
+      if (s.stop >= PS_STOP_SELECT) select_item<PS_NT>(s, t, ps_smem, KEYS_CAP);
       t = take_ticket(s, &s_slot);
     } else {  // attention: the next ticket's atomic runs meanwhile
       int next = 0;
@@ -85,7 +81,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   if (threadIdx.x == 0) s_last = add_acq_rel(state + 1, 1) == (int)gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
-  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_THREADS) s.done()[i] = 0;
+  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_NT) s.done()[i] = 0;
   if (threadIdx.x == 0) state[0] = state[1] = 0;
 }
 
