@@ -5,14 +5,15 @@
 // runs with memory idle and attention ramps up after it: 32 us at 32K MHA batch 1 on an H200,
 // against 17.6 us for a plain cold read of the same 64 MiB (notes/KERNELS.md).
 //
-// One resident wave (PS_CTAS_PER_SM CTAs of PS_THREADS per SM) takes tickets of one work queue in
-// order with an atomic counter (kernels/quest_step.cuh, Step):
-//   estimate tickets: PS_EST_TILES tiles of (page, KV head) units, head-major (the units of KV
-//     head 0 for every request, then head 1, ...), scored with estimate.cuh's device code into
-//     the scores a three-kernel step writes (the same bits); the CTA publishes them (fence) and
-//     adds the units to a per-(KV head, request) count;
-//   select tickets, after each KV head's estimate tickets: one per (q head of that KV head,
-//     request); the CTA waits for the count to reach the request's pages, selects the row with
+// One resident wave (PS_CTAS_PER_SM CTAs of PS_THREADS per SM; the QS_* build options of
+// quest_step.cuh change both) takes tickets of one work queue in order with an atomic counter
+// (kernels/quest_step.cuh, Step):
+//   estimate tickets: PS_EST_TILES tiles of (page, KV head) units of one block of QS_HEAD_BLOCK KV
+//     heads (default 1: head-major, the units of KV head 0 for every request, then head 1, ...),
+//     scored with estimate.cuh's device code into the scores a three-kernel step writes (the same
+//     bits); the CTA publishes them (fence) and adds the units to a per-(block, request) count;
+//   select tickets, after each block's estimate tickets: one per (q head of that block,
+//     request); the CTA waits for the count to reach the request's units, selects the row with
 //     topk.cuh's select_row (the same selection as topk.cu, ties included) and sets the row's ready
 //     flag (release);
 //   attention tickets, after every estimate and select ticket: (q head row, split) in the order
@@ -24,6 +25,9 @@
 // tickets three ahead (their atomics and loads in flight), but no ticket while it selects or
 // waits: a held ticket of a later row would wait out the selection (rows would complete a
 // selection apart). Waits trap after 2^26 polls instead of hanging the GPU.
+// The launch's `stop` runs only the estimate (and select) tickets: tests/quest_step_probe.py
+// times the phases of each build that way (at 36da913 the step took 53.6 / 146.5 us at 32K / 128K
+// B1 on an H200 against 31.9 / 67.5 for three kernels, estimate alone 11.4 / 35.1).
 //
 // State (counts, flags, the ticket) lives in a buffer that the launcher zeroes once: the merging
 // split resets its count, and the last CTA to finish resets the rest, so CUDA-graph replays need
