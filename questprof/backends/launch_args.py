@@ -171,7 +171,8 @@ TUNINGS = {"default": DEFAULT_TUNING, "fence-acq-rel": StepTuning(fence=1),
            "threads-256x2": StepTuning(threads=256, ctas_per_sm=2),
            "threads-512x1": StepTuning(threads=512, ctas_per_sm=1),
            "ctas-2": StepTuning(ctas_per_sm=2), "tiles-1": StepTuning(est_tiles=1),
-           "tiles-4x2": StepTuning(est_tiles=4, ctas_per_sm=2)}
+           "tiles-4x2": StepTuning(est_tiles=4, ctas_per_sm=2),
+           "combined": StepTuning(threads=256, ctas_per_sm=2, head_block=4, fence=1)}
 
 
 def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
