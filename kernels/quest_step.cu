@@ -5,14 +5,15 @@
 // runs with memory idle and attention ramps up after it: 32 us at 32K MHA batch 1 on an H200,
 // against 17.6 us for a plain cold read of the same 64 MiB (notes/KERNELS.md).
 //
-// One resident wave (PS_CTAS_PER_SM CTAs of PS_THREADS per SM) takes tickets of one work queue in
-// order with an atomic counter (kernels/quest_step.cuh, Step):
-//   estimate tickets: PS_EST_TILES tiles of (page, KV head) units, head-major (the units of KV
-//     head 0 for every request, then head 1, ...), scored with estimate.cuh's device code into
-//     the scores a three-kernel step writes (the same bits); the CTA publishes them (fence) and
-//     adds the units to a per-(KV head, request) count;
-//   select tickets, after each KV head's estimate tickets: one per (q head of that KV head,
-//     request); the CTA waits for the count to reach the request's pages, selects the row with
+// One resident wave (PS_CTAS_PER_SM CTAs of PS_THREADS per SM; the QS_* build options of
+// quest_step.cuh change both) takes tickets of one work queue in order with an atomic counter
+// (kernels/quest_step.cuh, Step):
+//   estimate tickets: PS_EST_TILES tiles of (page, KV head) units of one block of QS_HEAD_BLOCK KV
+//     heads (default 1: head-major, the units of KV head 0 for every request, then head 1, ...),
+//     scored with estimate.cuh's device code into the scores a three-kernel step writes (the same
+//     bits); the CTA publishes them (fence) and adds the units to a per-(block, request) count;
+//   select tickets, after each block's estimate tickets: one per (q head of that block,
+//     request); the CTA waits for the count to reach the request's units, selects the row with
 //     topk.cuh's select_row (the same selection as topk.cu, ties included) and sets the row's ready
 //     flag (release);
 //   attention tickets, after every estimate and select ticket: (q head row, split) in the order
@@ -24,6 +25,9 @@
 // tickets three ahead (their atomics and loads in flight), but no ticket while it selects or
 // waits: a held ticket of a later row would wait out the selection (rows would complete a
 // selection apart). Waits trap after 2^26 polls instead of hanging the GPU.
+// The launch's `stop` runs only the estimate (and select) tickets: tests/quest_step_probe.py
+// times the phases of each build that way (at 36da913 the step took 53.6 / 146.5 us at 32K / 128K
+// B1 on an H200 against 31.9 / 67.5 for three kernels, estimate alone 11.4 / 35.1).
 //
 // State (counts, flags, the ticket) lives in a buffer that the launcher zeroes once: the merging
 // split resets its count, and the last CTA to finish resets the rest, so CUDA-graph replays need
@@ -32,11 +36,11 @@
 // (tile 1), as the three-kernel step runs per-head selections. Other shapes take three kernels.
 #include "quest_step.cuh"
 
-// grid: one resident wave at most (any size works); block PS_THREADS; dynamic shared memory
+// grid: one resident wave at most (any size works); block QS_THREADS; dynamic shared memory
 // ps_ring_bytes<T, D>(). state as Step says, zero at launch and zero again at the end; ws_o
 // [Hq B, splits, D] and ws_lse [Hq B, splits] when splits > 1.
 template <typename T, int D, int G>
-__global__ void __launch_bounds__(PS_THREADS, PS_CTAS_PER_SM)
+__global__ void __launch_bounds__(PS_NT, QS_CTAS)
 quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ summ,
                   const uint16_t* __restrict__ k, const uint16_t* __restrict__ v,
                   const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -44,11 +48,10 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
                   int* __restrict__ count, uint16_t* __restrict__ out, float* __restrict__ lse,
                   float* ws_o, float* ws_lse, int* state, int batch, int q_heads, int kv_heads,
                   int nnz, int k_pages, int sinks, int window, int splits, int split_pages,
-                  int page_shift, float scale_log2) {
-  static_assert(PS_THREADS == ATT_WARPS * 32, "attention's warps are the CTA");
+                  int page_shift, float scale_log2, int stop) {
   static_assert(ps_ring_bytes<T, D>() >= PS_KEYS_AT * 16 + 1024, "room for top-K's keys");
-  static_assert(PS_CTAS_PER_SM * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
-                "PS_CTAS_PER_SM CTAs fit an H200 SM's shared memory");
+  static_assert(QS_CTAS * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
+                "QS_CTAS CTAs fit an H200 SM's shared memory");
   extern __shared__ __align__(128) uint4 ps_smem[];
   __shared__ int s_page[PS_MAX_SPLIT_PAGES], s_valid[PS_MAX_SPLIT_PAGES];
   __shared__ int s_slot, s_fifo[2], s_last;
@@ -57,11 +60,8 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   grid_release();  // the next grid's CTAs find room only as this one's leave
   Step s{q, summ, k, v, indptr, indices, last_len, scores, sel, count, out, lse, ws_o, ws_lse,
          state, batch, q_heads, kv_heads, q_heads / kv_heads, nnz, k_pages, sinks, window, splits,
-         split_pages, page_shift, scale_log2};
-  s.tph = (nnz + ps_ticket_units<D>() - 1) / ps_ticket_units<D>();
-  s.per_head = s.tph + batch * s.group;
-  s.est_end = kv_heads * s.per_head;
-  s.total = s.est_end + batch * q_heads * splits;
+         split_pages, page_shift, scale_log2, stop};
+  s.plan<D>();
   constexpr int KEYS_CAP = (ps_ring_bytes<T, D>() - PS_KEYS_AT * 16) / 4;
   int t = take_ticket(s, &s_slot);
   while (t < s.total) {  // block-uniform
@@ -69,7 +69,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
     if (kind == PS_ESTIMATE) {
       t = estimate_run<T, D, G>(s, t, s_fifo, &s_slot);
     } else if (kind == PS_SELECT) {
-      select_item<PS_THREADS>(s, t, ps_smem, KEYS_CAP);
+      if (s.stop >= PS_STOP_SELECT) select_item<PS_NT>(s, t, ps_smem, KEYS_CAP);
       t = take_ticket(s, &s_slot);
     } else {  // attention: the next ticket's atomic runs meanwhile
       int next = 0;
@@ -85,7 +85,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   if (threadIdx.x == 0) s_last = add_acq_rel(state + 1, 1) == (int)gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
-  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_THREADS) s.done()[i] = 0;
+  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_NT) s.done()[i] = 0;
   if (threadIdx.x == 0) state[0] = state[1] = 0;
 }
 

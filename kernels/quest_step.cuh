@@ -5,19 +5,80 @@
 #include "estimate.cuh"
 #include "topk.cuh"
 
-enum { PS_NONE = -1, PS_ESTIMATE = 0, PS_SELECT = 1, PS_ATTEND = 2, PS_END = 3 };
+// Build options (-D at build; backends/quest_step.py's StepTuning names them, and
+// tests/quest_step_probe.py times each against the defaults, kernels/constants.cuh's PS_*):
+//   QS_THREADS   threads per CTA (attention runs on the first ATT_WARPS warps, the same bits)
+//   QS_CTAS      resident CTAs per SM that __launch_bounds__ sizes registers for
+//   QS_EST_TILES estimate tiles per estimate ticket (units per atomic and per count)
+//   QS_HEAD_BLOCK KV heads whose units one estimate ticket interleaves (a page's boxes of the
+//                block are contiguous: 1 = head-major, Hkv = estimate.cu's order); Hkv % it == 0
+//   QS_FENCE     0: __threadfence (fence.sc) + atomicAdd per count; 1: fence.acq_rel + red
+#ifndef QS_THREADS
+#define QS_THREADS PS_THREADS
+#endif
+#ifndef QS_CTAS
+#define QS_CTAS PS_CTAS_PER_SM
+#endif
+#ifndef QS_EST_TILES
+#define QS_EST_TILES PS_EST_TILES
+#endif
+#ifndef QS_HEAD_BLOCK
+#define QS_HEAD_BLOCK 1
+#endif
+#ifndef QS_FENCE
+#define QS_FENCE 0
+#endif
+constexpr int PS_NT = QS_THREADS, PS_HB = QS_HEAD_BLOCK;
+static_assert(PS_NT % 32 == 0 && PS_NT >= ATT_WARPS * 32 && PS_NT <= 1024, "whole warps");
+static_assert(PS_HB >= 1, "QS_HEAD_BLOCK");
 
-// Units of one estimate ticket: PS_EST_TILES tiles of the estimate (EST_UNROLL batches of one unit
-// per row_lanes(D) lanes) of one KV head.
+enum { PS_NONE = -1, PS_ESTIMATE = 0, PS_SELECT = 1, PS_ATTEND = 2, PS_END = 3 };
+// What a launch runs (its `stop` argument): every ticket, or only the estimate tickets (the select
+// tickets are skipped), or the estimate and select tickets; the last two time the phases.
+enum { PS_STOP_ESTIMATE = 1, PS_STOP_SELECT = 2, PS_STOP_ALL = 3 };
+
+// Units of one estimate ticket: QS_EST_TILES tiles of the estimate (EST_UNROLL batches of one unit
+// per row_lanes(D) lanes) of one block of KV heads.
 template <int D> __host__ __device__ constexpr int ps_ticket_units() {
-  return PS_EST_TILES * est_tile_units<D, PS_THREADS>();
+  return QS_EST_TILES * est_tile_units<D, PS_NT>();
 }
 
-// The launch: its arguments and the order of its queue. Per KV head h: its estimate tickets (a
-// run of units of head h, all requests), then one select ticket per (request, q head of h); after
-// every KV head, the attention tickets, (row, split) with rows in the order they are selected.
-// state: [0] the next ticket, [1] CTAs finished, then units scored per (KV head, request) [Hkv B],
-// ready flags per (q head, request) [Hq B], splits finished per attention row [Hq B].
+// Units of a block of PS_HB KV heads, entry-major with the head fastest: unit n is entry i of
+// KV head h where n = (blk nnz + i) PS_HB + h % PS_HB, blk = h / PS_HB (PS_HB 1: head-major, the
+// walk of estimate_topk.cu; PS_HB = Hkv: estimate.cu's, a page's boxes contiguous). The interface
+// of estimate.cuh's Walk, so load_pages, load_boxes and score_batch walk it unchanged.
+struct BlockWalk {
+  static constexpr bool head_major = true;  // score_batch: a unit past the end reads q head 0
+  int kv_heads, nnz, limit;                 // units at or past `limit` are not this walk's
+  QP_DEVICE int index(Unit u) const {
+    const int blk = u.h / PS_HB;
+    return (blk * nnz + u.i) * PS_HB + u.h - blk * PS_HB;
+  }
+  QP_DEVICE Unit unit(int n) const {
+    const int e = n / PS_HB, blk = e / nnz;
+    return {e - blk * nnz, blk * PS_HB + n - e * PS_HB};
+  }
+  QP_DEVICE Stride stride(int units) const { return {units, 0}; }
+  QP_DEVICE bool valid(Unit u) const { return index(u) < limit; }
+  QP_DEVICE Unit next(Unit u, Stride s) const {  // constant divisions: shifts at PS_HB 2^k
+    const int r = u.h % PS_HB + s.di;
+    u.i += r / PS_HB;
+    u.h += r % PS_HB - u.h % PS_HB;
+    if (u.i >= nnz) {  // into the next block (rare: the tile's last units)
+      const int blocks = u.i / nnz;
+      u.i -= blocks * nnz;
+      u.h += blocks * PS_HB;
+    }
+    return u;
+  }
+};
+
+// The launch: its arguments and the order of its queue. Per block of PS_HB KV heads: its estimate
+// tickets (units of the block, all requests), then one select ticket per (q head of the block,
+// request); after every block, the attention tickets, (row, split) with rows in about the order
+// they are selected. state: [0] the next ticket, [1] CTAs finished, then units scored per
+// (block, request) [Hkv B], ready flags per (q head, request) [Hq B], splits finished per
+// attention row [Hq B].
 struct Step {
   const uint16_t *q, *summ, *k, *v;
   const int *indptr, *indices, *last_len;
@@ -29,13 +90,20 @@ struct Step {
   int batch, q_heads, kv_heads, group, nnz, k_pages, sinks, window, splits, split_pages,
       page_shift;
   float scale_log2;
-  int tph, per_head, est_end, total;  // estimate tickets per KV head, tickets per KV head, ...
+  int stop;  // PS_STOP_*: the whole step, or its estimate (and select) tickets only (diagnostics)
+  int tph, per_block, est_end, total;  // estimate tickets per block, tickets per block, ...
 
+  template <int D> QP_DEVICE void plan() {
+    tph = (nnz * PS_HB + ps_ticket_units<D>() - 1) / ps_ticket_units<D>();
+    per_block = tph + batch * group * PS_HB;
+    est_end = kv_heads / PS_HB * per_block;
+    total = stop == PS_STOP_ALL ? est_end + batch * q_heads * splits : est_end;
+  }
   QP_DEVICE int kind(int t) const {
     if (t < 0) return PS_NONE;
     if (t >= total) return PS_END;
     if (t >= est_end) return PS_ATTEND;
-    return t % per_head < tph ? PS_ESTIMATE : PS_SELECT;
+    return t % per_block < tph ? PS_ESTIMATE : PS_SELECT;
   }
   QP_DEVICE int* done() const { return state + 2; }
   QP_DEVICE int* ready() const { return done() + kv_heads * batch; }
@@ -55,6 +123,22 @@ QP_DEVICE int add_acq_rel(int* p, int v) {
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v)
                : "memory");
   return old;
+}
+// Publish what this CTA wrote before its last barrier (QS_FENCE): fence.sc (__threadfence), or
+// the lighter fence.acq_rel of the release pattern (the same guarantee for a relaxed add after it).
+QP_DEVICE void publish_fence() {
+#if QS_FENCE
+  asm volatile("fence.acq_rel.gpu;" ::: "memory");
+#else
+  __threadfence();
+#endif
+}
+QP_DEVICE void add_relaxed(int* p, int v) {
+#if QS_FENCE
+  asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+#else
+  atomicAdd(p, v);
+#endif
 }
 
 // Thread 0 waits until *p >= want (acquire). A producer holds an earlier ticket and never waits,
@@ -78,29 +162,29 @@ QP_DEVICE int take_ticket(const Step& s, int* slot) {
 
 // ---- estimate tickets ----
 
-template <typename T> using PsBoxes = Box<T>[PS_EST_TILES][EST_UNROLL];
-using PsPages = int[PS_EST_TILES][EST_UNROLL];
+template <typename T> using PsBoxes = Box<T>[QS_EST_TILES][EST_UNROLL];
+using PsPages = int[QS_EST_TILES][EST_UNROLL];
 
-// The walk of ticket t (head-major units, ending at its KV head's last entry) and this thread's
-// first unit in it.
+// The walk of ticket t (its block's units, ending at the block's last) and this thread's first
+// unit in it.
 struct EstTicket {
-  Walk<true> walk;
+  BlockWalk walk;
   int n0;
 };
 template <int D> QP_DEVICE EstTicket est_ticket(const Step& s, int t) {
-  const int h = t / s.per_head, j = t % s.per_head;
-  return {Walk<true>{s.kv_heads, s.nnz, (h + 1) * s.nnz},
-          h * s.nnz + j * ps_ticket_units<D>() + (int)threadIdx.x / row_lanes(D)};
+  const int blk = t / s.per_block, j = t % s.per_block, block_units = s.nnz * PS_HB;
+  return {BlockWalk{s.kv_heads, s.nnz, (blk + 1) * block_units},
+          blk * block_units + j * ps_ticket_units<D>() + (int)threadIdx.x / row_lanes(D)};
 }
 template <int D> QP_DEVICE Unit est_unit(const EstTicket& e, int x) {
-  return e.walk.unit(e.n0 + x * est_tile_units<D, PS_THREADS>());
+  return e.walk.unit(e.n0 + x * est_tile_units<D, PS_NT>());
 }
 
 template <int D>
 QP_DEVICE void est_pages(const Step& s, int t, Stride within, PsPages& pg) {
   const EstTicket e = est_ticket<D>(s, t);
 #pragma unroll
-  for (int x = 0; x < PS_EST_TILES; ++x)
+  for (int x = 0; x < QS_EST_TILES; ++x)
     load_pages(s.indices, e.walk, within, est_unit<D>(e, x), pg[x]);
 }
 
@@ -109,7 +193,7 @@ QP_DEVICE void est_boxes(const Step& s, int t, Stride within, const PsPages& pg,
                          PsBoxes<T>& bx) {
   const EstTicket e = est_ticket<D>(s, t);
 #pragma unroll
-  for (int x = 0; x < PS_EST_TILES; ++x)
+  for (int x = 0; x < QS_EST_TILES; ++x)
     load_boxes<T, D>(s.summ, e.walk, within, pg[x], est_unit<D>(e, x), c, bx[x]);
 }
 
@@ -121,22 +205,24 @@ QP_DEVICE void est_score(const Step& s, int t, Stride within, const PsBoxes<T>& 
   const EstTicket e = est_ticket<D>(s, t);
   const EstimateArgs args{s.group, PER_HEAD, nullptr};
 #pragma unroll
-  for (int x = 0; x < PS_EST_TILES; ++x)
+  for (int x = 0; x < QS_EST_TILES; ++x)
     score_batch<T, T, D, G, PER_HEAD, (G <= 2), 1>(s.q, s.indptr, s.scores, s.batch, e.walk,
                                                    within, bx[x], est_unit<D>(e, x), c, req,
                                                    args);
 }
 
 // Thread 0, after a barrier behind every thread's scores of ticket t: publish them (fence) and add
-// the units they cover to their rows' counts, a request at a time.
+// the units they cover to their (block, request) counts, a request at a time.
 template <int D> QP_DEVICE void est_count(const Step& s, int t) {
-  const int h = t / s.per_head, end = min((t % s.per_head + 1) * ps_ticket_units<D>(), s.nnz);
-  int i = t % s.per_head * ps_ticket_units<D>();
-  __threadfence();
-  while (i < end) {
-    const int b = request_of(s.indptr, s.batch, i), n = min(end, __ldg(s.indptr + b + 1)) - i;
-    atomicAdd(s.done() + h * s.batch + b, n);
-    i += n;
+  const int blk = t / s.per_block, j = t % s.per_block;
+  const int end = min((j + 1) * ps_ticket_units<D>(), s.nnz * PS_HB);
+  int r = j * ps_ticket_units<D>();
+  publish_fence();
+  while (r < end) {
+    const int b = request_of(s.indptr, s.batch, r / PS_HB);
+    const int n = min(end, __ldg(s.indptr + b + 1) * PS_HB) - r;
+    add_relaxed(s.done() + blk * s.batch + b, n);
+    r += n;
   }
 }
 
@@ -148,7 +234,7 @@ template <typename T, int D, int G>
 QP_DEVICE int estimate_run(const Step& s, int t0, int* fifo, int* slot) {
   constexpr int LANES = row_lanes(D);
   const int c = threadIdx.x % LANES;
-  const Stride within = Walk<true>{s.kv_heads, s.nnz, 0}.stride(PS_THREADS / LANES);
+  const Stride within = BlockWalk{s.kv_heads, s.nnz, 0}.stride(PS_NT / LANES);
   auto est = [&](int t) { return s.kind(t) == PS_ESTIMATE; };
   PsPages first, pg;
   PsBoxes<T> a, b;
@@ -193,14 +279,14 @@ QP_DEVICE int estimate_run(const Step& s, int t0, int* fifo, int* slot) {
 // TopkShared, then the row's keys, in the bytes of the attention rings (dynamic shared memory).
 constexpr int PS_KEYS_AT = (int(sizeof(TopkShared)) + 15) / 16;  // uint4
 
-// Select ticket t: once every unit of (KV head, request) is scored, the K pages of one q head's
+// Select ticket t: once every unit of (block, request) is scored, the K pages of one q head's
 // row by topk.cuh (the selection of topk.cu, bit for bit), then its ready flag (release).
 template <int NT>
 QP_DEVICE void select_item(const Step& s, int t, uint4* smem, int keys_cap) {
-  const int h = t / s.per_head, w = t % s.per_head - s.tph, r = w / s.batch, b = w % s.batch;
-  const int qh = h * s.group + r, first = __ldg(s.indptr + b);
+  const int blk = t / s.per_block, w = t % s.per_block - s.tph, r = w / s.batch, b = w % s.batch;
+  const int qh = blk * PS_HB * s.group + r, first = __ldg(s.indptr + b);
   const int pages = __ldg(s.indptr + b + 1) - first;
-  if (threadIdx.x == 0) wait_at_least(s.done() + h * s.batch + b, pages);
+  if (threadIdx.x == 0) wait_at_least(s.done() + blk * s.batch + b, pages * PS_HB);
   __syncthreads();
   if (threadIdx.x == 0 && qh == 0) s.count[b] = min(s.k_pages, pages);
   uint32_t* keys = pages <= keys_cap ? reinterpret_cast<uint32_t*>(smem + PS_KEYS_AT) : nullptr;
@@ -222,7 +308,7 @@ QP_DEVICE void select_item(const Step& s, int t, uint4* smem, int keys_cap) {
 template <typename T, int D>
 QP_DEVICE void merge_row(const Step& s, int ar, size_t qg) {
   constexpr int CH = 8;
-  static_assert(D <= PS_THREADS, "one output per thread");
+  static_assert(D <= PS_NT, "one output per thread");
   const float NEG_INF = -__int_as_float(0x7f800000);
   const int dim = threadIdx.x;
   float M = NEG_INF, W = 0.f, A = 0.f;
@@ -256,17 +342,18 @@ QP_DEVICE void merge_row(const Step& s, int ar, size_t qg) {
   if (dim == 0) s.lse[qg] = W > 0.f ? (M_use + log2f(W)) * LN2 : M;
 }
 
-// The four warps' states into one (combine of attention.cu at one q head), written as the final
+// The ATT_WARPS warps' states into one (combine of attention.cu at one q head), written as the final
 // output (one split) or as the split's partial.
 template <typename T, int D, class St>
 QP_DEVICE void combine_split(const Step& s, const St& st, int ar, int split, size_t qg,
                              uint4* ring, float* s_m, float* s_l) {
   float (*s_acc)[D] = reinterpret_cast<float (*)[D]>(ring);
   __syncthreads();  // every warp is done with its ring, which now holds the combine arrays
-  st.store(s_acc + threadIdx.x / 32, s_m + threadIdx.x / 32, s_l + threadIdx.x / 32,
-           threadIdx.x % 32, 1);
+  if (threadIdx.x < ATT_WARPS * 32)  // the warps past ATT_WARPS (QS_THREADS > 128) attend nothing
+    st.store(s_acc + threadIdx.x / 32, s_m + threadIdx.x / 32, s_l + threadIdx.x / 32,
+             threadIdx.x % 32, 1);
   __syncthreads();
-  for (int dim = threadIdx.x; dim < D; dim += PS_THREADS) {
+  for (int dim = threadIdx.x; dim < D; dim += PS_NT) {
     float M = s_m[0];
 #pragma unroll
     for (int w = 1; w < ATT_WARPS; ++w) M = fmaxf(M, s_m[w]);
@@ -312,7 +399,7 @@ QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* 
   const int p_begin = split * s.split_pages;
   const int nb = max(0, min(min(s.k_pages, req_pages), p_begin + s.split_pages) - p_begin);
   const int* row_sel = s.sel + ((size_t)qh * s.batch + b) * s.k_pages + p_begin;
-  for (int i = threadIdx.x; i < nb; i += PS_THREADS) {  // nb <= PS_MAX_SPLIT_PAGES
+  for (int i = threadIdx.x; i < nb; i += PS_NT) {  // nb <= PS_MAX_SPLIT_PAGES
     const int pos = __ldcg(row_sel + i);  // written by another CTA of this launch: L2
     s_page[i] = __ldg(s.indices + first + pos);
     s_valid[i] = pos == req_pages - 1 ? __ldg(s.last_len + b) : pg.size();
@@ -321,7 +408,8 @@ QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* 
   // Warp w takes tiles w, w + 4, ... (attention.cu's order: the same online softmax);
   // PS_STAGES - 1 tiles in flight while one is computed.
   const int tiles = (nb * pg.size() + St::TT - 1) / St::TT;
-  const int mine = tiles > warp ? (tiles - warp + ATT_WARPS - 1) / ATT_WARPS : 0;
+  const int mine = tiles > warp && warp < ATT_WARPS ? (tiles - warp + ATT_WARPS - 1) / ATT_WARPS
+                                                    : 0;
   uint4* wring = ring + (size_t)warp * PS_STAGES * St::STAGE;
 #pragma unroll
   for (int j = 0; j < PS_STAGES - 1; ++j) {

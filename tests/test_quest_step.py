@@ -176,6 +176,34 @@ def test_three_replays_of_a_captured_graph(gpu, rng):
                     np.testing.assert_array_equal(gpu.to_host(a), w)
 
 
+PROBE_BUILDS = [n for n in launch_args.TUNINGS if n != "default"]
+
+
+@gpu_only
+@pytest.mark.parametrize("name", PROBE_BUILDS)
+def test_each_probe_build_on_a_long_row_and_the_edges(gpu, rng, name):
+    """Every build tests/quest_step_probe.py times (launch_args.TUNINGS), at KV heads a multiple
+    of its block: a long row, then tails 1, S-1, S, S+1 and a one-token request on a grid of 3
+    CTAs; its estimate-and-select phase gives the same selection."""
+    from questprof.backends import cupy as ops
+    from questprof.backends.quest_step import step_outputs
+
+    tuning = launch_args.TUNINGS[name]
+    heads = max(4, tuning.head_block)
+    pages = 2048 if heads <= 8 else 512
+    kv = make_case(rng, [16 * pages - 5], 16, heads, 128, "fp16")
+    _check(gpu, kv, random_queries(rng, 1, heads, 128, "fp16"), 128, tuning=tuning, launches=1)
+    lengths = [1, 15, 16, 17, 16 * 37 + 3, 16 * 300 + 5]
+    kv = make_case(rng, lengths, 16, heads, 128, "fp16", spare_pages=5)
+    q = random_queries(rng, len(lengths), heads, 128, "fp16")
+    _check(gpu, kv, q, 5, tuning=tuning, grid=3)
+    dev_kv, dev_q = gpu.put(kv), gpu.asarray(q)
+    want = ops.topk(ops.estimate(dev_q, dev_kv), dev_kv, 5)
+    got = step_outputs(dev_q, dev_kv, 5, tuning=tuning, stop="select")
+    for g, w in zip(got[2:4], want):
+        np.testing.assert_array_equal(gpu.to_host(g), gpu.to_host(w))
+
+
 # ---- CPU: what the persistent step is built for, and its launch plan ----
 
 def test_persistent_problem_names_what_is_not_built():
@@ -198,6 +226,46 @@ def test_splits_and_tickets_of_the_benchmark_shapes():
     assert launch_args.persistent_splits(32, 256, 16, 128, 396) == (12, 22)
     assert launch_args.persistent_splits(4, 3, 16, 128, 396) == (1, 8)  # a warp's two tiles
     assert launch_args.persistent_ring_bytes(128) == launch_args.persistent_ring_bytes(64) == 65536
+
+
+def test_probe_builds_and_their_tickets():
+    """The default build takes no -D option and each probe build at least one; tickets count
+    blocks of head_block KV heads and the build's units per ticket."""
+    tunings = launch_args.TUNINGS
+    assert tunings["default"].defines() == () and tunings["default"] == launch_args.DEFAULT_TUNING
+    assert all(t.defines() for n, t in tunings.items() if n != "default")
+    assert len({t.defines() for t in tunings.values()}) == len(tunings)
+    assert tunings["threads-256x2"].defines() == ("QS_THREADS=256", "QS_CTAS=2")
+    # 32K MHA: 64 units per ticket at 256 threads; blocks of 4 heads: 128 + 4 select tickets each
+    assert launch_args.persistent_tickets(2048, 1, 32, 32, 128, 12, 256, 2, 4) == 8 * 132 + 384
+    assert launch_args.persistent_tickets(2048, 1, 32, 32, 128, 12, 128, 2, 32) == 2048 + 32 + 384
+
+
+def test_probe_builds_compile(tmp_path):
+    """Each probe build of the step (fp16, d 128, tile 1: what the probe times) compiles for
+    sm_90 with nvcc, as CI compiles the default builds (tests/test_kernels_compile.py)."""
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    from questprof import KERNELS_DIR
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.fail("nvcc is not on PATH: CI must compile kernels/*.cu (install the CUDA toolkit)")
+    src = tmp_path / "probe.cu"
+    src.write_text('#include "quest_step.cu"\n'
+                   "void probe_build() { (void)&quest_step_kernel<fp16, 128, 1>; }\n")
+
+    def build(name):
+        defines = [f"-D{d}" for d in launch_args.TUNINGS[name].defines()]
+        return name, subprocess.run([nvcc, "-std=c++17", "-arch=sm_90", f"-I{KERNELS_DIR}",
+                                     *defines, "-c", str(src), "-o", str(tmp_path / f"{name}.o")],
+                                    capture_output=True, text=True)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for name, result in pool.map(build, PROBE_BUILDS):
+            assert result.returncode == 0, (name, result.stderr)
 
 
 def test_the_gpu_summary_table():

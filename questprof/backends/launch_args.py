@@ -139,6 +139,42 @@ def form_tags(kv: PagedKV, form) -> tuple[str, str, str]:
     return q_tag, kv_tag, variants.TAGS["fp8_e4m3"] if form.fp8 else summary_tag
 
 
+STOPS = {"estimate": 1, "select": 2, "all": 3}  # what a launch runs (PS_STOP_* of quest_step.cuh)
+
+
+@dataclass(frozen=True)
+class StepTuning:
+    """A build of the persistent step: quest_step.cuh's QS_* options (threads per CTA, CTAs per
+    SM its registers are sized for, estimate tiles per ticket, KV heads per estimate block, the
+    fence that publishes scores); the defaults are kernels/constants.cuh's PS_* and the kernel's."""
+
+    threads: int = _PS["PS_THREADS"]
+    ctas_per_sm: int = _PS["PS_CTAS_PER_SM"]
+    est_tiles: int = _PS["PS_EST_TILES"]
+    head_block: int = 1
+    fence: int = 0
+
+    def defines(self) -> tuple[str, ...]:
+        """-D options of this build (none for the default one)."""
+        pairs = (("QS_THREADS", self.threads, _PS["PS_THREADS"]),
+                 ("QS_CTAS", self.ctas_per_sm, _PS["PS_CTAS_PER_SM"]),
+                 ("QS_EST_TILES", self.est_tiles, _PS["PS_EST_TILES"]),
+                 ("QS_HEAD_BLOCK", self.head_block, 1), ("QS_FENCE", self.fence, 0))
+        return tuple(f"{name}={value}" for name, value, default in pairs if value != default)
+
+
+DEFAULT_TUNING = StepTuning()
+# The builds tests/quest_step_probe.py times against the default (and the GPU tests check):
+# threads per CTA, CTAs per SM, units per ticket, estimate order, fence.
+TUNINGS = {"default": DEFAULT_TUNING, "fence-acq-rel": StepTuning(fence=1),
+           "heads-4": StepTuning(head_block=4), "heads-32": StepTuning(head_block=32),
+           "threads-256x2": StepTuning(threads=256, ctas_per_sm=2),
+           "threads-512x1": StepTuning(threads=512, ctas_per_sm=1),
+           "ctas-2": StepTuning(ctas_per_sm=2), "tiles-1": StepTuning(est_tiles=1),
+           "tiles-4x2": StepTuning(est_tiles=4, ctas_per_sm=2),
+           "combined": StepTuning(threads=256, ctas_per_sm=2, head_block=4, fence=1)}
+
+
 def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
                        summary_dtype: str, mode: str, dtype: str = "") -> str | None:
     """Why the persistent Quest step (kernels/quest_step.cu) is not built for a shape, or None:
@@ -165,13 +201,16 @@ def persistent_ring_bytes(d: int) -> int:
 
 
 def persistent_tickets(nnz: int, batch: int, q_heads: int, kv_heads: int, d: int,
-                       splits: int) -> int:
-    """Tickets of the persistent step's queue: per KV head its estimate tickets and one select
-    ticket per (q head, request), then (row, split) of attention (Step in quest_step.cuh)."""
+                       splits: int, threads: int = 0, est_tiles: int = 0,
+                       head_block: int = 1) -> int:
+    """Tickets of the persistent step's queue: per block of head_block KV heads its estimate
+    tickets and one select ticket per (q head, request), then (row, split) of attention (Step in
+    quest_step.cuh). threads, est_tiles: the build's (0: PS_THREADS, PS_EST_TILES)."""
     lanes = variants.row_lanes(d)
-    units = _PS["PS_EST_TILES"] * variants.EST_UNROLL * (_PS["PS_THREADS"] // lanes)
-    per_head = -(-nnz // units) + batch * (q_heads // kv_heads)
-    return kv_heads * per_head + batch * q_heads * splits
+    units = ((est_tiles or _PS["PS_EST_TILES"]) * variants.EST_UNROLL
+             * ((threads or _PS["PS_THREADS"]) // lanes))
+    per_block = -(-nnz * head_block // units) + batch * (q_heads // kv_heads) * head_block
+    return kv_heads // head_block * per_block + batch * q_heads * splits
 
 
 def persistent_splits(rows: int, row_pages: int, page_size: int, d: int,

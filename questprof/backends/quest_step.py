@@ -17,7 +17,8 @@ import numpy as np
 
 from questprof.backends import constants, variants
 from questprof.backends import cupy as ops
-from questprof.backends.launch_args import (check_budget, check_kv, check_q, persistent_problem,
+from questprof.backends.launch_args import (DEFAULT_TUNING, STOPS, StepTuning, check_budget,
+                                           check_kv, check_q, persistent_problem,
                                            persistent_ring_bytes, persistent_splits,
                                            persistent_tickets)
 from questprof.backends.pdl import Launcher, PlainLaunch, _driver
@@ -37,28 +38,42 @@ def step_launcher(pdl: bool = True) -> Launcher:
 
 
 @functools.cache
-def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int) -> int:
+def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int, threads: int,
+                   ctas: int) -> int:
     """Resident CTAs per SM of a build, as the driver computes them (cuda.bindings), at most
-    PS_CTAS_PER_SM (what __launch_bounds__ and the shared memory are sized for); PS_CTAS_PER_SM
-    where the driver cannot be asked. Any grid is correct: this only sizes the wave."""
+    `ctas` (what __launch_bounds__ and the shared memory are sized for); `ctas` where the driver
+    cannot be asked. Any grid is correct: this only sizes the wave."""
     try:
         driver = _driver()
         kernel = ops.load_kernel(STAGE, expression, defines)
         err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            driver.CUfunction(kernel.kernel.ptr), PS_THREADS, smem)
+            driver.CUfunction(kernel.kernel.ptr), threads, smem)
         if err != driver.CUresult.CUDA_SUCCESS or blocks < 1:
-            return PS_CTAS_PER_SM
-        return min(PS_CTAS_PER_SM, int(blocks))
+            return ctas
+        return min(ctas, int(blocks))
     except Exception:  # no cuda.bindings here, or a stand-in for CuPy
-        return PS_CTAS_PER_SM
+        return ctas
 
 
 def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
-               launch=_plain, grid: int | None = None, split_pages: int | None = None):
+               launch=_plain, grid: int | None = None, split_pages: int | None = None,
+               tuning: StepTuning = DEFAULT_TUNING):
     """One Quest step in one kernel: (out [B, Hq, d], lse [B, Hq], sel [Hq, B, K], count [B]),
     the values of quest() in three kernels (sel, count bit for bit; out, lse bit for bit at the
     same split_pages, else within the dtype's tolerance). grid: CTAs (default one resident wave);
-    split_pages: pages per attention split (default launch_args.persistent_splits')."""
+    split_pages: pages per attention split (default launch_args.persistent_splits'); tuning: the
+    build (StepTuning)."""
+    return step_outputs(q, kv, k_pages, mode, sinks, window, launch, grid, split_pages,
+                        tuning)[:4]
+
+
+def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
+                 launch=_plain, grid: int | None = None, split_pages: int | None = None,
+                 tuning: StepTuning = DEFAULT_TUNING, stop: str = "all"):
+    """quest_step's (out, lse, sel, count) and the scores [Hq, nnz] float32 it selected from.
+    stop: "all", or "estimate" / "select" to run only the estimate (and select) tickets (out,
+    lse, and with "estimate" sel and count, are then left unwritten: tests/quest_step_probe.py
+    times the phases)."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)
@@ -67,12 +82,17 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
                                  kv.dtype)
     if problem:
         raise ValueError(problem)
+    if kv.kv_heads % tuning.head_block or stop not in STOPS:
+        raise ValueError(f"head_block {tuning.head_block} must divide the {kv.kv_heads} KV heads "
+                         f"and stop ({stop!r}) be one of {', '.join(STOPS)}")
     smem = persistent_ring_bytes(d)
     tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
-    expression, defines = f"quest_step_kernel<{q_tag}, {d}, {tile}>", launch.defines(STAGE)
+    expression = f"quest_step_kernel<{q_tag}, {d}, {tile}>"
+    defines = launch.defines(STAGE) + tuning.defines()
     kernel = ops.load_kernel(STAGE, expression, defines)
     kernel.max_dynamic_shared_size_bytes = smem
-    wave = _blocks_per_sm(expression, defines, smem) * ops._sm_count()
+    per_sm = _blocks_per_sm(expression, defines, smem, tuning.threads, tuning.ctas_per_sm)
+    wave = per_sm * ops._sm_count()
     rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
     if split_pages is None:
         splits, split_pages = persistent_splits(rows, row_pages, s, d, grid or wave)
@@ -80,7 +100,8 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
         raise ValueError(f"split_pages {split_pages} must be in 1..{PS_MAX_SPLIT_PAGES}")
     else:
         splits = -(-row_pages // split_pages)
-    total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits)
+    total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits, tuning.threads,
+                               tuning.est_tiles, tuning.head_block)
     grid = max(1, min(grid or wave, total))
     scores = cupy.empty((q_heads, nnz), dtype=cupy.float32)
     sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
@@ -92,10 +113,10 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
         ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
     state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
-    launch(kernel, (grid,), (PS_THREADS,), (
+    launch(kernel, (grid,), (tuning.threads,), (
         q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
         count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
         _i32(nnz), _i32(k_pages), _i32(sinks), _i32(window), _i32(splits), _i32(split_pages),
-        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d))),
-        shared_mem=smem, stage=STAGE)
-    return out, lse, sel, count
+        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)),
+        _i32(STOPS[stop])), shared_mem=smem, stage=STAGE)
+    return out, lse, sel, count, scores
