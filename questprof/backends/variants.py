@@ -328,9 +328,8 @@ class AttentionLaunch:
 
 def merge_scratch(splits: int, d: int, tile: int) -> int:
     """Floats of ring the wide merge takes: attention_merge.cuh's WideMerge::scratch."""
-    cols, threads = tile * d // 4, ATT_WARPS * 32
-    slices = 1 if cols >= threads else threads // cols
-    return -(-(splits * tile + tile) // 4) * 4 + (slices - 1) * cols * 4
+    cols = tile * d // 4  # float4 columns; slices of the splits: max(1, threads // cols)
+    return -(-(splits * tile + tile) // 4) * 4 + (max(1, ATT_WARPS * 32 // cols) - 1) * cols * 4
 
 
 def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: int, kv: str,
