@@ -11,8 +11,9 @@
 // The row's page list (all pages, or sel positions -> kv_indices) is cut into splits of
 // pages_per_split pages (grid.x) so that batch 1 x 32 heads still fills 132 SMs; each split
 // keeps an online softmax and writes (o, lse) to a workspace; the row's last split to finish
-// (an atomic count per row) combines them with log-sum-exp, so no merge launch follows. With
-// one split the CTA writes the final output itself.
+// (an atomic count per row) combines them with log-sum-exp, so no merge launch follows
+// (kernels/attention_merge.cuh: the old merge, or the wide one where the launch asks). With one
+// split the CTA writes the final output itself.
 //
 // Inside a CTA, ATT_WARPS warps take tiles of TT tokens round-robin (kernels/attention_tile.cuh:
 // CUDA cores for G <= 2, tensor cores for G >= 4); each warp keeps a private ring of NS tiles in
@@ -22,13 +23,7 @@
 // fetched (zero-size copies elsewhere) and their scores are set to -inf, so NaN or huge values in
 // unused slots never reach the math. Scores are kept in log2 units (scaled by log2(e)/sqrt(D));
 // lse is returned in natural log. Figures and history: notes/KERNELS.md.
-#include "attention_tile.cuh"
-
-// A CTA row: request b and up to G q heads qh0 .. qh0 + nq - 1 of one KV head (one chunk of its
-// group), reading the page list of selection head sel_head.
-struct RowPlan {
-  int b, kv_head, qh0, nq, sel_head, row_pages, req_pages, tail_len, indptr_b;
-};
+#include "attention_merge.cuh"
 
 // The row's place and page tables: inputs of the step, ready before the grid before ends. Rows
 // of a request: KV head j / chunks, chunk j % chunks of chunk_size q heads (the last one shorter).
@@ -51,87 +46,6 @@ QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict
   return r;
 }
 
-// True in the CTA that is the last of its row's splits to finish (every thread gets it); that
-// CTA then reads the others' partials. Thread 0 counts the CTA in with one acq_rel atomic, which
-// releases the CTA's partials (written before the barrier) and acquires the others'; the last CTA
-// resets the count for the next launch. Against a separate merge launch: sparse 32K 13.9 -> 13.4
-// us on an H200; one acq_rel atomic against fence + atomic + fence: 13.6 -> 13.3 us.
-QP_DEVICE bool last_split(int splits, int* __restrict__ row_done) {
-  __shared__ int s_last;
-  __syncthreads();  // every thread's partials are written
-  if (threadIdx.x == 0) {
-    int done;  // release the CTA's partials, acquire the other CTAs' (one atomic, no fences)
-    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
-                 : "=r"(done) : "l"(row_done + blockIdx.y) : "memory");
-    s_last = done == splits - 1;
-    if (s_last) row_done[blockIdx.y] = 0;
-  }
-  __syncthreads();
-  return s_last;
-}
-
-// Row blockIdx.y's outputs from its splits' partials, by the whole CTA: one pass with a running
-// maximum per output, each thread's PB outputs x CH splits loaded together, so 33 splits of
-// G = 4 (llama3-8b dense, batch 1) cost 5 dependent loads, not 20. More than PASS outputs per
-// thread go in passes of PASS, to stay in registers: 8 in the measured builds (as timed), 4 in the
-// others (D 256 / G 4 spilled 4 bytes at 255 registers with 8).
-// L2 loads (__ldcg): the partials were written by other CTAs of this launch, so not through the
-// read-only cache.
-template <typename T, int G, int D, int PASS>
-QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __restrict__ out,
-                            float* __restrict__ lse, int splits, int q_heads, const RowPlan& r) {
-  constexpr int THREADS = ATT_WARPS * 32, PER = (G * D + THREADS - 1) / THREADS;
-  constexpr int PB = PER < PASS ? PER : PASS, CH = PB >= 8 ? 4 : 8;
-  const float NEG_INF = -__int_as_float(0x7f800000);
-  const int row = blockIdx.y, n_out = r.nq * D;
-#pragma unroll 1
-  for (int i0 = 0; i0 < PER; i0 += PB) {
-    float M[PB], W[PB], A[PB];
-#pragma unroll
-    for (int i = 0; i < PB; ++i) { M[i] = NEG_INF; W[i] = 0.f; A[i] = 0.f; }
-    for (int s0 = 0; s0 < splits; s0 += CH) {
-      float l[PB][CH], o[PB][CH];
-#pragma unroll
-      for (int i = 0; i < PB; ++i) {
-        const int idx = threadIdx.x + (i0 + i) * THREADS, h = idx / D, dim = idx % D;
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-          const bool ok = idx < n_out && s0 + j < splits;
-          const size_t at = ((size_t)row * splits + s0 + j) * G + h;
-          l[i][j] = ok ? __ldcg(ws_lse + at) : NEG_INF;  // empty split: lse -inf, weight 0
-          o[i][j] = ok ? __ldcg(ws_o + at * D + dim) : 0.f;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < PB; ++i) {
-        float m = M[i];
-#pragma unroll
-        for (int j = 0; j < CH; ++j) m = fmaxf(m, l[i][j]);
-        const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all so far
-        const float scale = exp2f(M[i] - m_use);    // M = -inf: W = A = 0, scale 0
-        W[i] *= scale;
-        A[i] *= scale;
-#pragma unroll
-        for (int j = 0; j < CH; ++j) {
-          const float w = exp2f(l[i][j] - m_use);
-          W[i] += w;
-          A[i] = fmaf(w, o[i][j], A[i]);
-        }
-        M[i] = m;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < PB; ++i) {
-      const int idx = threadIdx.x + (i0 + i) * THREADS, h = idx / D, dim = idx % D;
-      if (idx >= n_out) continue;
-      const float M_use = M[i] == NEG_INF ? 0.f : M[i];
-      const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
-      out[qh * D + dim] = Storage<T>::from_float(W[i] > 0.f ? A[i] / W[i] : 0.f);
-      if (dim == 0) lse[qh] = W[i] > 0.f ? (M_use + log2f(W[i])) * LN2 : M[i];
-    }
-  }
-}
-
 // Combine the 4 warps' states through shared memory and write (o, lse) of this split. SCALE_O:
 // the outputs times o_scale (E4M3 caches: v_scale x 2^8, the values' unit); MEASURED: a build
 // timed on the H200.
@@ -140,7 +54,7 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, 
                        uint16_t* __restrict__ out, float* __restrict__ lse,
                        float* __restrict__ ws_o, float* __restrict__ ws_lse,
                        int* __restrict__ row_done, float (*s_acc)[G][D], float (*s_m)[G],
-                       float (*s_l)[G]) {
+                       float (*s_l)[G], const MergeArgs& mg) {
   st.store(s_acc[threadIdx.x / 32], s_m[threadIdx.x / 32], s_l[threadIdx.x / 32], threadIdx.x % 32,
            r.nq);
   __syncthreads();
@@ -170,8 +84,12 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, 
       if (dim == 0) ws_lse[slot] = lse2;
     }
   }
-  if (splits > 1 && last_split(splits, row_done))
-    merge_splits<T, G, D, MEASURED ? 8 : 4>(ws_o, ws_lse, out, lse, splits, q_heads, r);
+  if (splits > 1 && last_split(splits, row_done)) {
+    if (mg.merge && WideMerge<G, D>::scratch(splits) <= mg.floats)
+      merge_wide<T, G, D>(ws_o, ws_lse, out, lse, splits, q_heads, r, mg.scratch);
+    else
+      merge_splits<T, G, D, MEASURED ? 8 : 4>(ws_o, ws_lse, out, lse, splits, q_heads, r);
+  }
 }
 
 // The variants timed on the H200 (fp16 / bf16 caches at measured_variant's head dims and tiles).
@@ -185,8 +103,10 @@ template <typename T, typename KV, int D, int G, int NS, class St>
 QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, float o_scale,
                       uint16_t* __restrict__ out, float* __restrict__ lse,
                       float* __restrict__ ws_o, float* __restrict__ ws_lse,
-                      int* __restrict__ row_done, uint4* ring) {
+                      int* __restrict__ row_done, uint4* ring, int merge) {
   constexpr bool SCALE_O = is_e4m3<KV>;
+  const MergeArgs mg{reinterpret_cast<float*>(ring), attention_ring_bytes<KV, D, G, NS>() / 4,
+                     merge};
   if constexpr (!measured_build<T, KV, D, G>) {
     static_assert(ATT_WARPS * G * D * 4 <= attention_ring_bytes<KV, D, G, NS>(),
                   "rings hold the arrays");
@@ -194,11 +114,11 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
     __syncthreads();
     combine<T, D, G, SCALE_O, false>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse,
                                      row_done, reinterpret_cast<float (*)[G][D]>(ring), s_m,
-                                     s_l);
+                                     s_l, mg);
   } else {
     __shared__ float s_acc[ATT_WARPS][G][D], s_m[ATT_WARPS][G], s_l[ATT_WARPS][G];
     combine<T, D, G, SCALE_O, true>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse,
-                                    row_done, s_acc, s_m, s_l);
+                                    row_done, s_acc, s_m, s_l, mg);
   }
 }
 
@@ -217,6 +137,8 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
 // NS: stages of each warp's ring, ATT_STAGES[G] or (QP_TUNE stages=N, S 0 builds of the deep
 // tables of constants.cuh) a deeper one; the launcher sizes the dynamic shared memory for it and
 // plans the CTAs per SM it leaves room for (backends/variants.py, attention_launch).
+// merge: 1 = the wide merge of the splits (QP_TUNE merge=wide) where its scratch fits the ring,
+// 0 = the old one (attention_merge.cuh).
 template <typename T, typename KV, int D, int S, int G, int NS>
 __global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
 attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
@@ -227,7 +149,8 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
                  int count_per_head, int pages_per_split, int page_shift, float scale_log2,
                  uint16_t* __restrict__ out, float* __restrict__ lse, float* __restrict__ ws_o,
                  float* __restrict__ ws_lse, int* __restrict__ row_done,
-                 const float* __restrict__ k_scale, const float* __restrict__ v_scale) {
+                 const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+                 int merge) {
   using St = Tile<T, KV, D, G>;
   static_assert(NS >= 2, "a ring holds the tile computed and at least one in flight");
   const Paging<S> pg(page_shift);
@@ -295,7 +218,7 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
             lane);
   }
   finish<T, KV, D, G, NS>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse, row_done,
-                          att_ring);
+                          att_ring, merge);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

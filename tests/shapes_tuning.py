@@ -1,10 +1,11 @@
 """Issue 24's missed shapes under several launch choices, side by side in one process (not a test).
 
-python3 tests/shapes_tuning.py [--repeats N] [--cases qwen,g16,...]: for each case (models of
-scenarios/bench.toml) and each QP_TUNE variant (backends/variants.py, Tuning), first the variant's
-output against the float64 reference (dense attention, and the estimate where the variant picks
-its build) on the same model at batch 1 and min(length, 32K) tokens; a variant that is wrong is
-not timed and says why. Then dense attention and the estimate over the case's cold per-layer
+python3 tests/shapes_tuning.py [--repeats N] [--cases qwen,g16,...] [--tunes merge|rings]: for
+each case (models of scenarios/bench.toml) and each QP_TUNE variant of the set (backends/
+variants.py, Tuning), first the variant's output against the float64 reference (dense attention,
+sparse attention over the per-head selection of a 2048-token budget, and the estimate where the
+variant picks its build) on the same model at batch 1 and min(length, 32K) - 5 tokens; a variant
+that is wrong is not timed and says why. Then the stages over the case's cold per-layer
 pools (workload.pools.Workload, measure.timing.time_layers: CUDA-graph replays, the bench's
 protocol), torch SDPA beside them, and the read ceiling measured first in the same process
 (measure.ceilings). Each case runs in its own process, so a fault loses one case. The last thing
@@ -40,6 +41,7 @@ CASES = {
     "phi": ("phi-3-mini", 32768, 1),
     "phi-b8": ("phi-3-mini", 131072, 8),
     "fp8": ("llama3.1-8b-fp8", 32768, 1),
+    "mha": ("mha-32h-d128", 32768, 1),
 }
 # QP_TUNE values of dense attention ('' = the default launch; ctas=2 = the launch of commit
 # ab138da, 2 CTAs per SM for every shape): CTAs per SM, a floor in bytes per split, and deeper
@@ -49,6 +51,15 @@ CASES = {
 DENSE = ("", "ctas=2", "ctas=1", "split=bytes,value=256k", "split=bytes,value=512k",
          "ctas=1,stages=4", "ctas=1,stages=6")
 EST16 = ("", "est16=loop")  # the estimate of a group of exactly 16 (tile 16): constant or loop
+# The sets of --tunes, stage -> QP_TUNE values. "merge" (issue 24, round 3): the wide merge of a
+# row's splits beside the old one at the default launch, at 2 CTAs per SM (twice the splits) and
+# with a 256 KiB floor (FP8's best at ab138da); sparse attention at the default launch. "rings":
+# round 2's dense variants and the G 16 estimate builds (estimate rows for a group of 16 only).
+MERGE = ("", "merge=wide", "ctas=2", "ctas=2,merge=wide", "split=bytes,value=256k",
+         "split=bytes,value=256k,merge=wide")
+TUNES = {"merge": {"dense": MERGE, "attention": ("", "merge=wide")},
+         "rings": {"dense": DENSE, "estimate": EST16}}
+BUDGET = 2048  # tokens: sparse attention's selection (the Quest step table's budget)
 CHECK_LENGTH = 32768
 TOL = {"fp16": 1e-3, "bf16": 1e-2}  # the tests' table: ||out - ref|| / ||ref|| against float64
 
@@ -59,25 +70,35 @@ def shape(model: str) -> ModelShape:
 
 
 def config(model: str, length: int, batch: int) -> Config:
-    """A dense configuration (budget = length: no scores or selections are built)."""
-    return Config(shape(model), length, batch, 16, length, "per-head")
+    """A configuration of per-head selections of BUDGET tokens (dense ignores them)."""
+    return Config(shape(model), length, batch, 16, BUDGET, "per-head")
 
 
-def variants_of(m: ModelShape) -> list[tuple[str, str]]:
-    """(stage, QP_TUNE) pairs timed for a model: every dense variant, the estimate as launched
-    today and, for a group of exactly 16, its group-constant build."""
-    est = EST16 if m.group == variants.GROUPS[-1] else ("",)
-    return [("dense", t) for t in DENSE] + [("estimate", t) for t in est]
+def variants_of(m: ModelShape, tunes: str) -> list[tuple[str, str]]:
+    """(stage, QP_TUNE) pairs timed for a model from the set `tunes`: its estimate rows only for
+    a group of exactly 16 (the builds they pick), else the estimate as launched today."""
+    found = []
+    for stage, values in TUNES[tunes].items():
+        if stage == "estimate" and m.group != variants.GROUPS[-1]:
+            values = ("",)
+        found += [(stage, t) for t in values]
+    return found
 
 
-def splits_of(cfg: Config, tune: str, device: tuple[int, int]) -> str:
-    """'splits x pages, stages, CTAs per SM' of dense attention under `tune` (the launcher's own
-    rule, variants.attention_launch); device: (SMs, shared memory bytes per SM)."""
-    m, kv = cfg.model, model.kv_dtype(cfg.model)
+def splits_of(cfg: Config, stage: str, tune: str, device: tuple[int, int]) -> str:
+    """'splits x pages, stages[, merge wide]' of dense or sparse attention (per-head selections:
+    a row per q head on tile 1 when g > 1) under `tune` (the launcher's own rule,
+    variants.attention_launch); device: (SMs, shared memory bytes per SM); '' for the estimate."""
+    m, kv, dense = cfg.model, model.kv_dtype(cfg.model), stage == "dense"
+    if stage not in ("dense", "attention"):
+        return ""
     plan = variants.plan_group(m.group)
-    rows = cfg.batch * m.kv_heads * plan.chunks
-    return variants.attention_launch(rows, cfg.pages, m.head_dim, plan.tile, cfg.page_size, kv,
-                                     *device, tuning=variants.parse_tuning(tune)).name
+    if not dense and m.group > 1:
+        plan = variants.GroupPlan(1, m.group, 1)
+    rows, pages = cfg.batch * m.kv_heads * plan.chunks, cfg.pages if dense else cfg.k_pages
+    return variants.attention_launch(rows, min(pages, cfg.pages), m.head_dim, plan.tile,
+                                     cfg.page_size, kv, device[0], dense, device[1],
+                                     variants.parse_tuning(tune)).name
 
 
 def device_of() -> tuple[int, int]:
@@ -89,7 +110,7 @@ def device_of() -> tuple[int, int]:
             int(attrs.get("MaxSharedMemoryPerMultiprocessor", variants.SMEM_PER_SM)))
 
 
-def check_case(label: str) -> dict[str, str | None]:
+def check_case(label: str, tunes: str) -> dict[str, str | None]:
     """'stage|QP_TUNE' -> why that variant is wrong on the case's model at batch 1 and
     min(length, 32K) - 5 tokens (None: right; 'same launch as X': not run again). Builds every
     kernel the timing uses, so the checks of all cases can run at once to compile in parallel."""
@@ -101,14 +122,16 @@ def check_case(label: str) -> dict[str, str | None]:
     name, length, batch = CASES[label]
     cfg, backend = config(name, length, batch), get_backend("cupy")
     dev = device_of()
-    small = Config(cfg.model, min(length, CHECK_LENGTH) - 5, 1, 16, CHECK_LENGTH, "per-head")
+    small = Config(cfg.model, min(length, CHECK_LENGTH) - 5, 1, 16, BUDGET, "per-head")
     work = Workload(small, backend, 1)
     kv, q = work.kvs[0].with_arrays(backend.to_host), backend.to_host(work.q)
     qf, tables = from_storage(q, cfg.model.dtype), (kv.kv_indptr, kv.kv_indices)
     want = {mode: reference.estimate(qf, summary_values(kv), *tables, mode)
             for mode in ("per-head", "shared-max")}
-    want["dense"] = reference.attention(qf, kv_values(kv, "k"), kv_values(kv, "v"), *tables,
-                                        kv.last_page_len)
+    kvf = kv_values(kv, "k"), kv_values(kv, "v")
+    want["dense"] = reference.attention(qf, *kvf, *tables, kv.last_page_len)
+    sel = [backend.to_host(x) for x in work.selections[0]]
+    want["attention"] = reference.attention(qf, *kvf, *tables, kv.last_page_len, *sel)
 
     def wrong(stage: str) -> str | None:
         if stage == "estimate":
@@ -118,17 +141,18 @@ def check_case(label: str) -> dict[str, str | None]:
                 if not err < 1e-5:
                     return f"estimate {mode}: relative error {err:.2e} (>= 1e-5)"
             return None
-        out, lse = (backend.to_host(x) for x in backend.attention(work.q, work.kvs[0]))
-        err, lse_err = _rel(from_storage(out, cfg.model.dtype), want["dense"][0]), _rel(
-            lse, want["dense"][1])
+        sel = work.selections[0] if stage == "attention" else ()
+        out, lse = (backend.to_host(x) for x in backend.attention(work.q, work.kvs[0], *sel))
+        err, lse_err = _rel(from_storage(out, cfg.model.dtype), want[stage][0]), _rel(
+            lse, want[stage][1])
         if not (err < TOL[cfg.model.dtype] and lse_err < 1e-5):
-            return f"dense: relative error {err:.2e}, lse {lse_err:.2e}"
+            return f"{stage}: relative error {err:.2e}, lse {lse_err:.2e}"
         return None
 
     found, seen = {}, {}
-    for stage, tune in variants_of(cfg.model):
+    for stage, tune in variants_of(cfg.model, tunes):
         os.environ["QP_TUNE"] = tune
-        same = seen.setdefault((stage, splits_of(cfg, tune, dev) if stage == "dense" else tune),
+        same = seen.setdefault((stage, splits_of(cfg, stage, tune, dev) or tune),
                                tune or "default")
         try:
             found[f"{stage}|{tune}"] = (f"same launch as {same}" if same != (tune or "default")
@@ -147,7 +171,7 @@ def _rel(got, want) -> float:
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
 
 
-def run_case(label: str, repeats: int, wrong: dict[str, str | None]) -> list[dict]:
+def run_case(label: str, repeats: int, wrong: dict[str, str | None], tunes: str) -> list[dict]:
     """Rows of one case: the variants check_case passed, timed; torch SDPA beside."""
     from questprof.backends import get_backend
     from questprof.measure.timing import time_layers
@@ -158,10 +182,10 @@ def run_case(label: str, repeats: int, wrong: dict[str, str | None]) -> list[dic
     dev = device_of()
     layers = model.cold_layers(cfg, l2_bytes(), 0.4 * (free_bytes(backend) or 0))
     work, works, rows = Workload(cfg, backend, layers), model.stage_work(cfg), []
-    for stage, tune in variants_of(cfg.model):
+    for stage, tune in variants_of(cfg.model, tunes):
         os.environ["QP_TUNE"] = tune
         row = {"case": label, "stage": stage, "variant": tune or "default",
-               "splits": splits_of(cfg, tune, dev) if stage == "dense" else "",
+               "splits": splits_of(cfg, stage, tune, dev),
                "bytes": works[stage].total_read,
                "wrong": wrong.get(f"{stage}|{tune}", "not checked")}
         if row["wrong"] is None:
@@ -207,15 +231,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated labels")
+    parser.add_argument("--tunes", default="merge", choices=sorted(TUNES), help="variant set")
     parser.add_argument("--case", help="time one case, print its rows as JSON (internal)")
     parser.add_argument("--check", help="check one case, print its verdicts as JSON (internal)")
     parser.add_argument("--wrong", default="{}", help="--check's verdicts (internal)")
     args = parser.parse_args()
     if args.check:
-        print(json.dumps(check_case(args.check)))
+        print(json.dumps(check_case(args.check, args.tunes)))
         return
     if args.case:
-        print(json.dumps(run_case(args.case, args.repeats, json.loads(args.wrong))))
+        print(json.dumps(run_case(args.case, args.repeats, json.loads(args.wrong), args.tunes)))
         return
     from questprof.backends import get_backend
     from questprof.measure.ceilings import measure_ceilings
@@ -227,7 +252,8 @@ def main() -> None:
     release(backend)  # the cases' processes get the memory
     print(f"read ceiling {ceiling:.0f} GB/s", flush=True)
     labels, start = args.cases.split(","), time.time()
-    checks = {label: subprocess.Popen([sys.executable, __file__, "--check", label],
+    checks = {label: subprocess.Popen([sys.executable, __file__, "--check", label, "--tunes",
+                                       args.tunes],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for label in labels}  # all at once: the kernels compile in parallel
     verdicts = {}
@@ -242,8 +268,8 @@ def main() -> None:
     rows = []
     for label, wrong in verdicts.items():
         done = subprocess.run([sys.executable, __file__, "--case", label, "--repeats",
-                               str(args.repeats), "--wrong", wrong], capture_output=True,
-                              text=True)
+                               str(args.repeats), "--wrong", wrong, "--tunes", args.tunes],
+                              capture_output=True, text=True)
         if done.returncode:
             print(f"case {label} failed:\n{done.stderr[-3000:]}", flush=True)
             continue

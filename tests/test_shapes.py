@@ -140,13 +140,14 @@ def test_estimate_topk_refuses_other_head_dims(gpu, rng):
 
 @pytest.mark.parametrize("g", [7, 16])
 @pytest.mark.parametrize("tune", ["est16=loop", "split=bytes,value=64k", "split=tokens,value=128",
-                                  "ctas=1", "ctas=2", "ctas=1,stages=4", "stages=6"])
+                                  "ctas=1", "ctas=2", "ctas=1,stages=4", "stages=6",
+                                  "merge=wide", "ctas=2,merge=wide"])
 def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
     """Every QP_TUNE choice (backends/variants.py, Tuning) gives the reference's outputs: a group
     of 16 through the estimate build with the chunk loop (the group-constant one is the default),
     rows cut by a floor in bytes or by tokens (splits of 8 pages: the longest row merges 5
     partials), 1 or 2 CTAs per SM, rings of 4 and 6 stages (D 128, tiles 8 and 16, page size at
-    launch; the Quest step's sparse rows too); G 7 on tile 8."""
+    launch; the Quest step's sparse rows too), the wide merge of the splits; G 7 on tile 8."""
     monkeypatch.setenv("QP_TUNE", tune)
     kv, q = _case(rng, 2 * g, 2, 128, 16, "bf16" if g == 7 else "fp16")
     _check_dense(gpu, kv, q)
@@ -184,6 +185,48 @@ def test_few_rows_and_deep_rings(gpu, rng, monkeypatch, g, dtype, fp8, tune):
         assert rel_err(gpu.to_host(gpu.estimate(dev_q, dev_kv, mode)), want) < 1e-5
     poison()
     out, lse = gpu.attention(dev_q, dev_kv)
+    want_out, want_lse = reference.attention(f(q), kv_values(kv, "k"), kv_values(kv, "v"),
+                                             kv.kv_indptr, kv.kv_indices, kv.last_page_len)
+    assert rel_err(from_storage(gpu.to_host(out), dtype), want_out) < TOL[dtype]
+    assert rel_err(gpu.to_host(lse), want_lse) < 1e-5
+
+
+# QP_TUNE of the wide merge at 1, 2 and 130 splits for the longest row (FP8: 65, its splits at
+# least 16 pages): the split rule by tokens makes the count independent of the GPU's SMs
+WIDE = [("merge=wide,split=tokens,value=8192", 1), ("merge=wide,split=tokens,value=320", 2),
+        ("merge=wide,split=tokens,value=128", 130)]
+
+
+@pytest.mark.parametrize("tune,splits", WIDE)
+@pytest.mark.parametrize("g,dtype,fp8", [(1, "fp16", False), (4, "bf16", False),
+                                         (7, "fp16", False), (16, "bf16", False),
+                                         (4, "fp16", True)])
+def test_wide_merge(gpu, rng, monkeypatch, tune, splits, g, dtype, fp8):
+    """The wide merge (kernels/attention_merge.cuh) gives the reference's outputs and lse at 1
+    split (no merge), 2 and 130 (its lse take 2 rounds of loads at G 16; at G 1 4 slices share
+    the splits), rows of every length merging empty splits (lse -inf), G 1, 4, 7 (tile 8), 16 and
+    an FP8 cache; at 8-page splits the Quest step's sparse rows (20 pages: 3 splits) too."""
+    from questprof.backends import variants
+
+    monkeypatch.setenv("QP_TUNE", tune)
+    longest = 37 * 16 + 3 if splits <= 2 else 130 * 128 - 3
+    kv = make_case(rng, [1, 15, 17, 37 * 16 + 3, longest], 16, 2, 128, dtype, spare_pages=5,
+                   tail_fill=np.nan)
+    q = random_queries(rng, 5, 2 * g, 128, dtype)
+    tile = variants.plan_group(g).tile
+    run = variants.attention_launch(10, -(-longest // 16), 128, tile, 16,
+                                    E4M3 if fp8 else dtype, 132)
+    assert run.merge == ("wide" if splits > 1 else "old")
+    assert run.splits == splits or splits > 2 and run.splits >= 64  # FP8: tiles of 32 tokens
+    if not fp8:
+        _check_dense(gpu, kv, q)
+        for mode in ("per-head", "shared-max"):
+            _check_step(gpu, kv, q, 20, mode)
+        return
+    kv = quantized(kv, "tensor", E4M3)
+    poison()
+    out, lse = gpu.attention(gpu.asarray(q), gpu.put(kv))
+    f = lambda x: from_storage(x, dtype)  # noqa: E731
     want_out, want_lse = reference.attention(f(q), kv_values(kv, "k"), kv_values(kv, "v"),
                                              kv.kv_indptr, kv.kv_indices, kv.last_page_len)
     assert rel_err(from_storage(gpu.to_host(out), dtype), want_out) < TOL[dtype]

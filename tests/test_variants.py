@@ -143,7 +143,8 @@ def test_split_by_tokens_and_ctas():
                                          ("split=bytes", "value"), ("est16=fast", "est16"),
                                          ("depth=3", "expected name=value"),
                                          ("stages=5", "stages=5"), ("ctas=-1", "ctas"),
-                                         ("value=lots", "whole number")])
+                                         ("value=lots", "whole number"),
+                                         ("merge=fast", "merge='fast'")])
 def test_bad_tuning_is_one_line(text, needle):
     with pytest.raises(ValueError, match=needle) as info:
         variants.parse_tuning(text)
@@ -223,3 +224,32 @@ def test_every_default_ring_fits_two_ctas_and_deep_rings_one():
                     ring = variants.ring_bytes(d, tile, kv, n)
                     assert ring + variants.static_bytes(d, tile, kv) <= 227 * KIB
     assert variants.static_bytes(128, 8) == 20864 and variants.static_bytes(128, 16) == 4736
+
+
+def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_path):
+    """QP_TUNE merge=wide: launches of several splits run it (the launch's name says so), one
+    split has no merge, and a scratch over the ring falls back to the old merge; merge_scratch
+    is attention_merge.cuh's WideMerge::scratch (a host program nvcc builds)."""
+    import subprocess
+
+    from kernel_objects import _nvcc
+    from questprof import KERNELS_DIR
+
+    wide = variants.parse_tuning("merge=wide")
+    assert wide.name == "ctas auto, merge wide"
+    run = variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=wide)
+    assert (run.merge, run.name) == ("wide", "33 x 63, 2 stages, merge wide")
+    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132).merge == "old"
+    assert variants.attention_launch(4, 8, 128, 8, 16, "bf16", 132, tuning=wide).merge == "old"
+    assert 4 * variants.merge_scratch(1024, 128, 16) > variants.ring_bytes(128, 16)
+    cases = [(d, g, s) for d in variants.HEAD_DIMS for g in variants.GROUPS for s in (2, 33, 264)]
+    src = tmp_path / "scratch.cu"
+    src.write_text('#include <cstdio>\n#include "attention_merge.cuh"\nint main() {\n' + "\n".join(
+        f'std::printf("%d\\n", WideMerge<{g}, {d}>::scratch({s}));' for d, g, s in cases)
+        + "\n}\n")
+    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o",
+                            str(tmp_path / "scratch")], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(tmp_path / "scratch")], capture_output=True, text=True, check=True)
+    assert [int(x) for x in out.stdout.split()] == [variants.merge_scratch(s, d, g)
+                                                    for d, g, s in cases]

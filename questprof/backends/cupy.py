@@ -210,7 +210,8 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         _i32(q_heads), _i32(kv.kv_heads), _i32(plan.chunks), _i32(plan.chunk_size), _i32(per_q),
         _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
-        ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale")), shared_mem=ring,
+        ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale"),
+        _i32(run.merge == "wide")), shared_mem=ring,
         stage="attention")
     return out, lse
 

@@ -178,6 +178,7 @@ def estimate_tiles(d: int, units: int) -> int:
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
 EST16 = ("loop", "exact")
+MERGES = ("old", "wide")  # attention's merge of a row's splits (kernels/attention_merge.cuh)
 STAGES = tuple(sorted(set(_C["ATT_STAGES"]) | set(DEEP_STAGES)))  # depths QP_TUNE may name
 
 
@@ -198,6 +199,8 @@ class Tuning:
     est16: the estimate of a group of exactly 16 q heads: "exact" (the group a compile-time
     constant: 20.6 -> 15.2 us on an H200 for the 128 q / 8 KV shape at 32K, the same scores) or
     "loop" (tile 16 with the group and its chunk loop from the launch).
+    merge: how a row's last split merges its splits: "old" (dependent rounds of loads) or
+    "wide" (every lse first, then float4 partials, independent loads over all threads).
     """
 
     split: str = "ctas"
@@ -205,12 +208,15 @@ class Tuning:
     value: int = 0
     est16: str = "exact"
     stages: int = 0
+    merge: str = "old"
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
             raise ValueError(f"QP_TUNE split={self.split!r}: expected one of {SPLIT_RULES}")
         if self.est16 not in EST16:
             raise ValueError(f"QP_TUNE est16={self.est16!r}: expected one of {EST16}")
+        if self.merge not in MERGES:
+            raise ValueError(f"QP_TUNE merge={self.merge!r}: expected one of {MERGES}")
         if self.stages and self.stages not in STAGES:
             raise ValueError(f"QP_TUNE stages={self.stages}: expected one of {STAGES} "
                              "(0: the tile's own)")
@@ -225,7 +231,8 @@ class Tuning:
         split = (ctas if self.split == "ctas" else
                  f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
         return (split + (f", stages {self.stages}" if self.stages else "")
-                + ("" if self.est16 == "exact" else f", est16 {self.est16}"))
+                + ("" if self.est16 == "exact" else f", est16 {self.est16}")
+                + ("" if self.merge == "old" else f", merge {self.merge}"))
 
 
 def _k(n: int) -> str:
@@ -310,11 +317,19 @@ class AttentionLaunch:
     ring: int     # dynamic shared memory bytes per CTA
     page: int     # the S template argument (0: page size at launch)
     ctas: int     # CTAs per SM the splits were planned for
+    merge: str = "old"  # the merge the row's last split runs (MERGES)
 
     @property
     def name(self) -> str:
-        """'splits x pages, N stages': equal names, equal launches."""
-        return f"{self.splits} x {self.pages_per_split}, {self.stages} stages"
+        """'splits x pages, N stages[, merge wide]': equal names, equal launches."""
+        return (f"{self.splits} x {self.pages_per_split}, {self.stages} stages"
+                + (", merge wide" if self.merge == "wide" else ""))
+
+
+def merge_scratch(splits: int, d: int, tile: int) -> int:
+    """Floats of ring the wide merge takes: attention_merge.cuh's WideMerge::scratch."""
+    cols = tile * d // 4  # float4 columns; slices of the splits: max(1, threads // cols)
+    return -(-(splits * tile + tile) // 4) * 4 + (max(1, ATT_WARPS * 32 // cols) - 1) * cols * 4
 
 
 def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: int, kv: str,
@@ -329,5 +344,7 @@ def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: in
     token_bytes = 2 * d * (1 if kv == E4M3 else 2)  # K and V of one token of one KV head
     splits, per_split = attention_splits(rows, row_pages, page_size, tile_tokens(d, tile, kv),
                                          token_bytes, sms, t, ctas)
+    wide = t.merge == "wide" and splits > 1 and 4 * merge_scratch(splits, d, tile) <= ring
     return AttentionLaunch(splits, per_split, stages, ring,
-                           page_template(d, tile, page_size, kv, stages), ctas)
+                           page_template(d, tile, page_size, kv, stages), ctas,
+                           "wide" if wide else "old")
