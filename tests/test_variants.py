@@ -239,7 +239,11 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     assert wide.name == "ctas auto, merge wide"
     run = variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=wide)
     assert (run.merge, run.name) == ("wide", "33 x 63, 2 stages, merge wide")
-    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132).merge == "old"
+    # the default (auto): wide for dense rows of >= 16 splits, old for sparse ones and explicitly
+    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132).merge == "wide"
+    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, dense=False).merge == "old"
+    old = variants.parse_tuning("merge=old")
+    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=old).merge == "old"
     assert variants.attention_launch(4, 8, 128, 8, 16, "bf16", 132, tuning=wide).merge == "old"
     assert 4 * variants.merge_scratch(1024, 128, 16) > variants.ring_bytes(128, 16)
     cases = [(d, g, s) for d in variants.HEAD_DIMS for g in variants.GROUPS for s in (2, 33, 264)]

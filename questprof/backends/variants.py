@@ -6,11 +6,8 @@ past g masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over the largest tile (m
 Falcon-7B's 71) is cut into ceil(g / 16) near-equal chunks, one attention CTA row each.
 Attention's shared memory and tile length follow kernels/attention_tile.cuh (Ring,
 attention_ring_bytes); tests/test_kernels_compile.py compares them with what nvcc computes.
-
-`Tuning` holds the launch choices that need no rebuild by hand (how attention cuts a row into
-splits, the depth of its rings, which estimate build serves a group of 16), read from the
-environment variable QP_TUNE at each launch, so one process can time several variants side by
-side (tests/shapes_tuning.py); `attention_launch` turns a shape and a Tuning into the launch.
+`Tuning`: launch choices read from QP_TUNE at each launch (splits, ring depth, the G-16
+estimate, the merge), so one process times variants side by side (tests/shapes_tuning.py).
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c b
 EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 # Deeper attention rings (QP_TUNE stages=N), built at these head dims and tiles only
-DEEP_STAGES, DEEP_HEAD_DIMS = _C["ATT_DEEP_STAGES"], _C["ATT_DEEP_HEAD_DIMS"]
-DEEP_GROUPS = _C["ATT_DEEP_GROUPS"]
+DEEP_STAGES, DEEP_HEAD_DIMS, DEEP_GROUPS = (_C[f"ATT_DEEP_{x}"] for x in ("STAGES", "HEAD_DIMS",
+                                                                      "GROUPS"))
 # Shared memory of sm_90 (H100, H200): per SM, and reserved by the driver per CTA; the launcher
 # reads the device's own figure where it can (backends/cupy.py).
 SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
@@ -178,7 +175,10 @@ def estimate_tiles(d: int, units: int) -> int:
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
 EST16 = ("loop", "exact")
-MERGES = ("old", "wide")  # attention's merge of a row's splits (kernels/attention_merge.cuh)
+MERGES = ("auto", "old", "wide")  # attention's merge of a row's splits (attention_merge.cuh)
+# auto: wide for dense rows of >= 16 splits (H200, 32K B1, commit 7e54a70: Qwen2.5-7B 33.4 ->
+# 29.3 us, FP8 29.5 -> 27.5; sparse rows of 2-9 splits lost 0.7-1.1 us with it)
+WIDE_MERGE_SPLITS = 16
 STAGES = tuple(sorted(set(_C["ATT_STAGES"]) | set(DEEP_STAGES)))  # depths QP_TUNE may name
 
 
@@ -196,11 +196,10 @@ class Tuning:
     the CTAs whose shared memory fits on an SM.
     stages: depth of attention's per-warp rings; 0 = the tile's ATT_STAGES. A depth is built
     (ATT_DEEP_*) at head dim 128 for tiles 4, 8 and 16; elsewhere the tile's own depth is used.
-    est16: the estimate of a group of exactly 16 q heads: "exact" (the group a compile-time
-    constant: 20.6 -> 15.2 us on an H200 for the 128 q / 8 KV shape at 32K, the same scores) or
-    "loop" (tile 16 with the group and its chunk loop from the launch).
-    merge: how a row's last split merges its splits: "old" (dependent rounds of loads) or
-    "wide" (every lse first, then float4 partials, independent loads over all threads).
+    est16: a group of exactly 16 q heads: "exact" (its group a compile-time constant: 20.6 ->
+    15.2 us on an H200, 128 q / 8 KV at 32K) or "loop" (group and chunk loop from the launch).
+    merge: a row's last split merges: "old" (dependent rounds of loads), "wide" (every lse, then
+    float4 partials, independent loads) or "auto" (wide for dense rows of >= WIDE_MERGE_SPLITS).
     """
 
     split: str = "ctas"
@@ -208,7 +207,7 @@ class Tuning:
     value: int = 0
     est16: str = "exact"
     stages: int = 0
-    merge: str = "old"
+    merge: str = "auto"
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
@@ -232,7 +231,7 @@ class Tuning:
                  f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
         return (split + (f", stages {self.stages}" if self.stages else "")
                 + ("" if self.est16 == "exact" else f", est16 {self.est16}")
-                + ("" if self.merge == "old" else f", merge {self.merge}"))
+                + ("" if self.merge == "auto" else f", merge {self.merge}"))
 
 
 def _k(n: int) -> str:
@@ -344,7 +343,8 @@ def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: in
     token_bytes = 2 * d * (1 if kv == E4M3 else 2)  # K and V of one token of one KV head
     splits, per_split = attention_splits(rows, row_pages, page_size, tile_tokens(d, tile, kv),
                                          token_bytes, sms, t, ctas)
-    wide = t.merge == "wide" and splits > 1 and 4 * merge_scratch(splits, d, tile) <= ring
+    wanted = t.merge == "wide" or (t.merge == "auto" and dense and splits >= WIDE_MERGE_SPLITS)
+    wide = wanted and splits > 1 and 4 * merge_scratch(splits, d, tile) <= ring
     return AttentionLaunch(splits, per_split, stages, ring,
                            page_template(d, tile, page_size, kv, stages), ctas,
                            "wide" if wide else "old")
