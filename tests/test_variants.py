@@ -106,14 +106,15 @@ def test_default_splits_are_todays_past_few_rows(rows, pages, s, tt):
 @pytest.mark.parametrize("rows,pages,want", [(8, 2048, (16, 128)), (4, 2048, (33, 63)),
                                              (1, 1, (1, 8)), (5, 37, (5, 8))])
 def test_dense_few_rows_take_one_cta_per_sm(rows, pages, want):
-    """Dense rows of a 16-bit cache that 2 per SM would cut into >= 32 splits plan 1 CTA per SM
-    (llama3-8b / the G 16 shape: 8 rows, 16 x 128; Qwen2.5-7B: 4 rows, 33 x 63); an FP8 cache
-    and selections keep 2 (FP8 Llama-3.1-8B measured slower at 1)."""
-    assert variants.attention_ctas(rows, 132) == 1
-    assert variants.attention_splits(rows, pages, 16, 16, 512, 132) == want
-    assert variants.attention_ctas(rows, 132, E4M3) == variants.attention_ctas(
-        rows, 132, dense=False) == 2
-    assert variants.attention_ctas(16, 132) == variants.attention_ctas(32, 132) == 2
+    """Dense rows of tile >= 8 over a 16-bit cache that 2 per SM would cut into >= 32 splits plan
+    1 CTA per SM (the G 16 shape: 8 rows, 16 x 128; Qwen2.5-7B: 4 rows, 33 x 63); tile 4
+    (llama3-8b), an FP8 cache and selections keep 2 (each measured slower at 1)."""
+    one = variants.attention_ctas(rows, 132, tile=8)
+    assert one == variants.attention_ctas(rows, 132, tile=16) == 1
+    assert variants.attention_splits(rows, pages, 16, 16, 512, 132, ctas=one) == want
+    assert variants.attention_ctas(rows, 132, E4M3, tile=8) == variants.attention_ctas(
+        rows, 132, dense=False, tile=8) == variants.attention_ctas(rows, 132, tile=4) == 2
+    assert variants.attention_ctas(16, 132, tile=8) == variants.attention_ctas(32, 132) == 2
 
 
 def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():

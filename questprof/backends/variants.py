@@ -35,11 +35,10 @@ DEEP_STAGES, DEEP_HEAD_DIMS, DEEP_GROUPS = (_C[f"ATT_DEEP_{x}"] for x in ("STAGE
 # Shared memory of sm_90 (H100, H200): per SM, and reserved by the driver per CTA; the launcher
 # reads the device's own figure where it can (backends/cupy.py).
 SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
-# The default split rule plans 1 CTA per SM for dense rows over a 16-bit cache that 2 per SM
-# would cut into this many splits or more (8 rows or fewer on 132 SMs). H200, 2026-12-01, commit
-# ab138da, dense 32K B1, us: Qwen2.5-7B (4 rows) 37.5 -> 32.3, the G 16 shape (8 rows) 59.1 ->
-# 52.4, llama3-8b (8 rows) 42.2 -> 42.0; FP8 Llama-3.1-8B 29.2 -> 30.7 (so FP8 keeps 2).
-FEW_ROW_SPLITS = 32
+# 1 CTA per SM for dense rows of tiles >= FEW_ROW_TILE (16-bit cache) that 2 per SM would cut
+# into >= FEW_ROW_SPLITS splits. H200, dense 32K B1, 2 -> 1: Qwen2.5-7B 39.4 -> 33.4 us, G 16 59.2
+# -> 52.5; llama3-8b (tile 4) 43.2 -> 49.0, FP8 29.2 -> 30.7, so those keep 2 (commit 7e54a70).
+FEW_ROW_SPLITS, FEW_ROW_TILE = 32, 8
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
 TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
 # (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
@@ -277,12 +276,13 @@ def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
 
 
 def attention_ctas(rows: int, sms: int, kv: str = "fp16", dense: bool = True, fit: int = 2,
-                   tuning: Tuning | None = None) -> int:
+                   tuning: Tuning | None = None, tile: int = 1) -> int:
     """CTAs per SM the split rule plans for: QP_TUNE's ctas, else 1 for dense launches of few rows
-    over a 16-bit cache (FEW_ROW_SPLITS), else 2; never more than `fit`, the CTAs whose shared
-    memory fits on an SM (a plan for 2 where 1 fits would run 2 waves)."""
+    of tile >= FEW_ROW_TILE over a 16-bit cache (FEW_ROW_SPLITS), else 2; never more than `fit`,
+    the CTAs whose shared memory fits on an SM (a plan for 2 where 1 fits would run 2 waves)."""
     t = tuning or current_tuning()
-    few = dense and kv != E4M3 and 2 * sms // max(rows, 1) >= FEW_ROW_SPLITS
+    few = (dense and kv != E4M3 and tile >= FEW_ROW_TILE
+           and 2 * sms // max(rows, 1) >= FEW_ROW_SPLITS)
     return max(1, min(t.ctas or (1 if few else 2), fit))
 
 
@@ -339,7 +339,7 @@ def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: in
     stages = attention_stages(d, tile, t)
     ring = ring_bytes(d, tile, kv, stages)
     fit = smem_per_sm // (ring + static_bytes(d, tile, kv) + SMEM_RESERVED)
-    ctas = attention_ctas(rows, sms, kv, dense, fit, t)
+    ctas = attention_ctas(rows, sms, kv, dense, fit, t, tile)
     token_bytes = 2 * d * (1 if kv == E4M3 else 2)  # K and V of one token of one KV head
     splits, per_split = attention_splits(rows, row_pages, page_size, tile_tokens(d, tile, kv),
                                          token_bytes, sms, t, ctas)
