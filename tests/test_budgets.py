@@ -88,16 +88,21 @@ def _smoke_layers() -> int:
     return load_scenario("smoke").model.layers
 
 
-def test_the_sweep_times_a_table_layer_by_layer(tmp_path):
-    layers = _smoke_layers()
-    budgets = tuple([None] + [16 * (2 + i % 3) for i in range(layers - 1)])
-    path = write_table(BudgetTable(budgets, 16), tmp_path / "budgets.toml")
-    out = tmp_path / "run"
+def _sweep_table(path, out):
+    """`sweep --budgets-file path` on the smoke scenario at 1k (NumPy, no extras); its directory."""
     result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--backend", "numpy",
                                       "--lengths", "1k", "--batch", "1", "--budgets-file",
                                       str(path), "--repeats", "1", "--no-e2e",
                                       "--no-fidelity", "--bytes", "none", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    return out
+
+
+def test_the_sweep_times_a_table_layer_by_layer(tmp_path):
+    layers = _smoke_layers()
+    budgets = tuple([None] + [16 * (2 + i % 3) for i in range(layers - 1)])
+    path = write_table(BudgetTable(budgets, 16), tmp_path / "budgets.toml")
+    out = _sweep_table(path, tmp_path / "run")
     from questprof.results import load
     df, meta = load(out)
     assert set(df["page_size"]) == {16} and set(df["budget"]) == {max(budgets[1:])}
@@ -114,12 +119,7 @@ def test_a_table_budget_beyond_the_context_still_walks_the_table(tmp_path):
     runs each layer's own budget, not dense attention."""
     budgets = (2048,) + (64,) * (_smoke_layers() - 1)
     path = write_table(BudgetTable(budgets, 16), tmp_path / "budgets.toml")
-    out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--backend", "numpy",
-                                      "--lengths", "1k", "--batch", "1", "--budgets-file",
-                                      str(path), "--repeats", "1", "--no-e2e",
-                                      "--no-fidelity", "--bytes", "none", "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    out = _sweep_table(path, tmp_path / "run")
     from questprof.results import load
     df, _ = load(out)
     quest = df[(df["stage"] == "quest") & (df["impl"] == "ours")].iloc[0]
