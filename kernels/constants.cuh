@@ -78,6 +78,10 @@ constexpr int PS_CTAS_PER_SM = 3;
 constexpr int PS_STAGES = 2;
 constexpr int PS_EST_TILES = 2;
 constexpr int PS_MAX_SPLIT_PAGES = 128;
+// A score not yet written (0x7fbadbad, a signalling NaN: the estimate's arithmetic never produces
+// one, an invalid operation yields the canonical quiet NaN): the persistent step's scores hold it
+// between launches, and its select tickets poll each score until it is something else.
+constexpr int PS_UNSCORED = 2142952365;
 constexpr int PS_HEAD_DIMS[] = {64, 128};
 constexpr int PS_GROUPS[] = {1, 2, 4, 8};
 

@@ -30,6 +30,7 @@ template <> struct Box<e4m3> {
 template <bool HEAD_MAJOR>
 struct Walk {
   static constexpr bool head_major = HEAD_MAJOR;
+  static constexpr bool polled = false;  // scores read by a later grid (or behind a fence)
   int kv_heads, nnz, limit;  // head-major: units at or past `limit` are not this walk's
   QP_DEVICE Unit unit(int n) const {
     return HEAD_MAJOR ? Unit{n % nnz, n / nnz} : Unit{n / kv_heads, n % kv_heads};
@@ -148,6 +149,14 @@ QP_DEVICE bool box_holds_keys(const int* __restrict__ indptr, const EstimateArgs
   return box * args.box_tokens < __ldg(args.last_page_len + b);
 }
 
+// A score, stored so that another CTA of the grid may poll it (a walk's `polled`: a relaxed
+// store, the same instruction cost as a plain one) or as data for a later grid.
+template <bool POLLED> QP_DEVICE void store_score(float* p, float v) {
+  if constexpr (POLLED)  // no "memory" clobber: nothing is ordered by it, loads may move past
+    asm volatile("st.relaxed.gpu.global.f32 [%0], %1;" :: "l"(p), "f"(v));
+  else *p = v;
+}
+
 // Units past the end still shuffle (full-warp masks) but write nothing. A group larger than the
 // largest tile (over 16 q heads, multi-query) is scored in chunks of G heads from the box in
 // registers, so the box is still read once; smaller tiles take one pass. EXACT: group == G.
@@ -186,7 +195,7 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
 #pragma unroll
         for (int t = 0; t < G; ++t)
           if (valid && slot == 0 && head_in_tile<EXACT>(t, nq) && c == t % LANES)
-            scores[(size_t)(h * g + h0 + t) * walk.nnz + u.i] = s[t];
+            store_score<W::polled>(scores + (size_t)(h * g + h0 + t) * walk.nnz + u.i, s[t]);
       } else {
 #pragma unroll
         for (int t = 0; t < G; ++t)
@@ -195,7 +204,7 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
       }
     }
     if (mode != PER_HEAD && valid && slot == 0 && c == 0)
-      scores[(size_t)h * walk.nnz + u.i] = mode == SHARED_MEAN ? v / g : v;
+      store_score<W::polled>(scores + (size_t)h * walk.nnz + u.i, mode == SHARED_MEAN ? v / g : v);
   }
 }
 

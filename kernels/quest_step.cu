@@ -48,7 +48,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
                   int* __restrict__ count, uint16_t* __restrict__ out, float* __restrict__ lse,
                   float* ws_o, float* ws_lse, int* state, int batch, int q_heads, int kv_heads,
                   int nnz, int k_pages, int sinks, int window, int splits, int split_pages,
-                  int page_shift, float scale_log2, int stop) {
+                  int page_shift, float scale_log2, int stop, int lag) {
   static_assert(ps_ring_bytes<T, D>() >= PS_KEYS_AT * 16 + 1024, "room for top-K's keys");
   static_assert(QS_CTAS * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
                 "QS_CTAS CTAs fit an H200 SM's shared memory");
@@ -60,21 +60,21 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   grid_release();  // the next grid's CTAs find room only as this one's leave
   Step s{q, summ, k, v, indptr, indices, last_len, scores, sel, count, out, lse, ws_o, ws_lse,
          state, batch, q_heads, kv_heads, q_heads / kv_heads, nnz, k_pages, sinks, window, splits,
-         split_pages, page_shift, scale_log2, stop};
+         split_pages, page_shift, scale_log2, stop, lag};
   s.plan<D>();
   constexpr int KEYS_CAP = (ps_ring_bytes<T, D>() - PS_KEYS_AT * 16) / 4;
   int t = take_ticket(s, &s_slot);
   while (t < s.total) {  // block-uniform
-    const int kind = s.kind(t);
-    if (kind == PS_ESTIMATE) {
+    const Item it = s.item(t);
+    if (it.kind == PS_ESTIMATE) {
       t = estimate_run<T, D, G>(s, t, s_fifo, &s_slot);
-    } else if (kind == PS_SELECT) {
-      if (s.stop >= PS_STOP_SELECT) select_item<PS_NT>(s, t, ps_smem, KEYS_CAP);
+    } else if (it.kind == PS_SELECT) {
+      if (s.stop >= PS_STOP_SELECT) select_item<PS_NT>(s, it, ps_smem, KEYS_CAP);
       t = take_ticket(s, &s_slot);
-    } else {  // attention: the next ticket's atomic runs meanwhile
+    } else {  // attention: the next ticket's atomic runs meanwhile (taken after the wait)
       int next = 0;
-      if (threadIdx.x == 0) next = atomicAdd(state, 1);
-      attend_item<T, D>(s, t - s.est_end, ps_smem, s_page, s_valid, s_m, s_l, &s_last);
+      attend_item<T, D>(s, it.blk * s.att_seg + it.j, ps_smem, s_page, s_valid, s_m, s_l,
+                        &s_last, next);
       if (threadIdx.x == 0) s_slot = next;
       __syncthreads();
       t = s_slot;
@@ -85,7 +85,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   if (threadIdx.x == 0) s_last = add_acq_rel(state + 1, 1) == (int)gridDim.x - 1;
   __syncthreads();
   if (!s_last) return;
-  for (int i = threadIdx.x; i < (kv_heads + q_heads) * batch; i += PS_NT) s.done()[i] = 0;
+  for (int i = threadIdx.x; i < q_heads * batch; i += PS_NT) s.ready()[i] = 0;
   if (threadIdx.x == 0) state[0] = state[1] = 0;
 }
 

@@ -9,10 +9,9 @@
 // tests/quest_step_probe.py times each against the defaults, kernels/constants.cuh's PS_*):
 //   QS_THREADS   threads per CTA (attention runs on the first ATT_WARPS warps, the same bits)
 //   QS_CTAS      resident CTAs per SM that __launch_bounds__ sizes registers for
-//   QS_EST_TILES estimate tiles per estimate ticket (units per atomic and per count)
+//   QS_EST_TILES estimate tiles per estimate ticket (units per atomic)
 //   QS_HEAD_BLOCK KV heads whose units one estimate ticket interleaves (a page's boxes of the
 //                block are contiguous: 1 = head-major, Hkv = estimate.cu's order); Hkv % it == 0
-//   QS_FENCE     0: __threadfence (fence.sc) + atomicAdd per count; 1: fence.acq_rel + red
 #ifndef QS_THREADS
 #define QS_THREADS PS_THREADS
 #endif
@@ -24,9 +23,6 @@
 #endif
 #ifndef QS_HEAD_BLOCK
 #define QS_HEAD_BLOCK 1
-#endif
-#ifndef QS_FENCE
-#define QS_FENCE 0
 #endif
 constexpr int PS_NT = QS_THREADS, PS_HB = QS_HEAD_BLOCK;
 static_assert(PS_NT % 32 == 0 && PS_NT >= ATT_WARPS * 32 && PS_NT <= 1024, "whole warps");
@@ -49,6 +45,7 @@ template <int D> __host__ __device__ constexpr int ps_ticket_units() {
 // of estimate.cuh's Walk, so load_pages, load_boxes and score_batch walk it unchanged.
 struct BlockWalk {
   static constexpr bool head_major = true;  // score_batch: a unit past the end reads q head 0
+  static constexpr bool polled = true;      // score_batch: scores stored for select_item's polls
   int kv_heads, nnz, limit;                 // units at or past `limit` are not this walk's
   QP_DEVICE int index(Unit u) const {
     const int blk = u.h / PS_HB;
@@ -73,12 +70,21 @@ struct BlockWalk {
   }
 };
 
+// A ticket of the queue: its kind, its block of PS_HB KV heads and its place among the block's
+// tickets of that kind (estimate: its ticket of the block; select: (q head of the block) x batch
+// + request; attention: (row of the block) x splits + split).
+struct Item {
+  int kind, blk, j;
+};
+
 // The launch: its arguments and the order of its queue. Per block of PS_HB KV heads: its estimate
 // tickets (units of the block, all requests), then one select ticket per (q head of the block,
-// request); after every block, the attention tickets, (row, split) with rows in about the order
-// they are selected. state: [0] the next ticket, [1] CTAs finished, then units scored per
-// (block, request) [Hkv B], ready flags per (q head, request) [Hq B], splits finished per
-// attention row [Hq B].
+// request); after the select tickets of block j come the attention tickets ((row, split), rows as
+// selected) of block j - lag, so that the attention of early rows streams while later rows are
+// still scored, and a row's selection has `lag` blocks of estimate to finish in before its
+// splits are taken; the last `lag` blocks' attention tickets close the queue (lag = the number of
+// blocks: every attention ticket after every estimate). state: [0] the next ticket, [1] CTAs
+// finished, then ready flags per (q head, request) [Hq B], splits finished per row [Hq B].
 struct Step {
   const uint16_t *q, *summ, *k, *v;
   const int *indptr, *indices, *last_len;
@@ -91,24 +97,47 @@ struct Step {
       page_shift;
   float scale_log2;
   int stop;  // PS_STOP_*: the whole step, or its estimate (and select) tickets only (diagnostics)
-  int tph, per_block, est_end, total;  // estimate tickets per block, tickets per block, ...
+  int lag;   // blocks between a block's selection and its attention tickets (clamped to blocks)
+  // per block: estimate, estimate + select, all three kinds of tickets; blocks; queue boundaries
+  int tph, head_seg, att_seg, blocks, head_end, mid_end, total;
 
   template <int D> QP_DEVICE void plan() {
     tph = (nnz * PS_HB + ps_ticket_units<D>() - 1) / ps_ticket_units<D>();
-    per_block = tph + batch * group * PS_HB;
-    est_end = kv_heads / PS_HB * per_block;
-    total = stop == PS_STOP_ALL ? est_end + batch * q_heads * splits : est_end;
+    head_seg = tph + batch * group * PS_HB;
+    att_seg = stop == PS_STOP_ALL ? batch * group * PS_HB * splits : 0;
+    blocks = kv_heads / PS_HB;
+    lag = min(max(lag, 0), blocks);
+    head_end = lag * head_seg;
+    mid_end = head_end + (blocks - lag) * (head_seg + att_seg);
+    total = mid_end + lag * att_seg;
   }
-  QP_DEVICE int kind(int t) const {
-    if (t < 0) return PS_NONE;
-    if (t >= total) return PS_END;
-    if (t >= est_end) return PS_ATTEND;
-    return t % per_block < tph ? PS_ESTIMATE : PS_SELECT;
+  QP_DEVICE Item item(int t) const {
+    if (t < 0) return {PS_NONE, 0, 0};
+    if (t >= total) return {PS_END, 0, 0};
+    if (t >= mid_end) {  // the last blocks' attention
+      const int u = t - mid_end, x = u / att_seg;
+      return {PS_ATTEND, blocks - lag + x, u - x * att_seg};
+    }
+    int blk, j;
+    if (t < head_end) {
+      blk = t / head_seg;
+      j = t - blk * head_seg;
+    } else {
+      const int u = t - head_end, x = u / (head_seg + att_seg);
+      blk = lag + x;
+      j = u - x * (head_seg + att_seg);
+      if (j >= head_seg) return {PS_ATTEND, blk - lag, j - head_seg};
+    }
+    return {j < tph ? PS_ESTIMATE : PS_SELECT, blk, j < tph ? j : j - tph};
   }
-  QP_DEVICE int* done() const { return state + 2; }
-  QP_DEVICE int* ready() const { return done() + kv_heads * batch; }
+  QP_DEVICE int kind(int t) const { return item(t).kind; }
+  QP_DEVICE int* ready() const { return state + 2; }
   QP_DEVICE int* split_done() const { return ready() + q_heads * batch; }
 };
+
+// Scores hold PS_UNSCORED (constants.cuh) between launches: the launcher fills them once, and
+// each select ticket puts it back in its row.
+constexpr uint32_t PS_UNSCORED_BITS = uint32_t(PS_UNSCORED);
 
 QP_DEVICE int load_acquire(const int* p) {
   int v;
@@ -124,31 +153,28 @@ QP_DEVICE int add_acq_rel(int* p, int v) {
                : "memory");
   return old;
 }
-// Publish what this CTA wrote before its last barrier (QS_FENCE): fence.sc (__threadfence), or
-// the lighter fence.acq_rel of the release pattern (the same guarantee for a relaxed add after it).
-QP_DEVICE void publish_fence() {
-#if QS_FENCE
-  asm volatile("fence.acq_rel.gpu;" ::: "memory");
-#else
-  __threadfence();
-#endif
-}
-QP_DEVICE void add_relaxed(int* p, int v) {
-#if QS_FENCE
-  asm volatile("red.relaxed.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-#else
-  atomicAdd(p, v);
-#endif
+QP_DEVICE float load_relaxed(const float* p) {
+  float v;
+  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+  return v;
 }
 
-// Thread 0 waits until *p >= want (acquire). A producer holds an earlier ticket and never waits,
-// so the wait ends; a bug must not hang the GPU: after 2^26 polls (~1 minute) the kernel traps.
+QP_DEVICE int load_relaxed(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Thread 0 waits until *p >= want, then acquires it (relaxed polls: an acquire load per poll
+// would order, and slow, the SM's other loads each time). A producer holds an earlier ticket and
+// never waits, so the wait ends; a bug must not hang the GPU: after 2^26 polls the kernel traps.
 constexpr long long PS_MAX_POLLS = 1ll << 26;
 QP_DEVICE void wait_at_least(const int* p, int want) {
-  for (long long n = 0; load_acquire(p) < want; ++n) {
+  for (long long n = 0; load_relaxed(p) < want; ++n) {
     if (n == PS_MAX_POLLS) __trap();
-    __nanosleep(64);
+    __nanosleep(128);
   }
+  (void)load_acquire(p);
 }
 
 // The next ticket, known to every thread (two barriers: the slot is free again on return).
@@ -165,112 +191,102 @@ QP_DEVICE int take_ticket(const Step& s, int* slot) {
 template <typename T> using PsBoxes = Box<T>[QS_EST_TILES][EST_UNROLL];
 using PsPages = int[QS_EST_TILES][EST_UNROLL];
 
-// The walk of ticket t (its block's units, ending at the block's last) and this thread's first
-// unit in it.
+// Ticket t as this thread's estimate work: whether it is an estimate ticket, the walk of its
+// block (ending at the block's last unit) and this thread's first unit of each of its tiles,
+// decoded once per ticket (the divisions of Step::item and BlockWalk::unit).
 struct EstTicket {
+  bool est;
   BlockWalk walk;
-  int n0;
+  Unit u[QS_EST_TILES];
 };
 template <int D> QP_DEVICE EstTicket est_ticket(const Step& s, int t) {
-  const int blk = t / s.per_block, j = t % s.per_block, block_units = s.nnz * PS_HB;
-  return {BlockWalk{s.kv_heads, s.nnz, (blk + 1) * block_units},
-          blk * block_units + j * ps_ticket_units<D>() + (int)threadIdx.x / row_lanes(D)};
-}
-template <int D> QP_DEVICE Unit est_unit(const EstTicket& e, int x) {
-  return e.walk.unit(e.n0 + x * est_tile_units<D, PS_NT>());
+  const Item it = s.item(t);
+  EstTicket e{it.kind == PS_ESTIMATE, BlockWalk{s.kv_heads, s.nnz, 0}, {}};
+  if (!e.est) return e;
+  const int block_units = s.nnz * PS_HB;
+  e.walk.limit = (it.blk + 1) * block_units;
+  const int n0 = it.blk * block_units + it.j * ps_ticket_units<D>() +
+                 (int)threadIdx.x / row_lanes(D);
+#pragma unroll
+  for (int x = 0; x < QS_EST_TILES; ++x)
+    e.u[x] = e.walk.unit(n0 + x * est_tile_units<D, PS_NT>());
+  return e;
 }
 
 template <int D>
-QP_DEVICE void est_pages(const Step& s, int t, Stride within, PsPages& pg) {
-  const EstTicket e = est_ticket<D>(s, t);
+QP_DEVICE void est_pages(const Step& s, const EstTicket& e, Stride within, PsPages& pg) {
 #pragma unroll
-  for (int x = 0; x < QS_EST_TILES; ++x)
-    load_pages(s.indices, e.walk, within, est_unit<D>(e, x), pg[x]);
+  for (int x = 0; x < QS_EST_TILES; ++x) load_pages(s.indices, e.walk, within, e.u[x], pg[x]);
 }
 
 template <typename T, int D>
-QP_DEVICE void est_boxes(const Step& s, int t, Stride within, const PsPages& pg, int c,
-                         PsBoxes<T>& bx) {
-  const EstTicket e = est_ticket<D>(s, t);
+QP_DEVICE void est_boxes(const Step& s, const EstTicket& e, Stride within, const PsPages& pg,
+                         int c, PsBoxes<T>& bx) {
 #pragma unroll
   for (int x = 0; x < QS_EST_TILES; ++x)
-    load_boxes<T, D>(s.summ, e.walk, within, pg[x], est_unit<D>(e, x), c, bx[x]);
+    load_boxes<T, D>(s.summ, e.walk, within, pg[x], e.u[x], c, bx[x]);
 }
 
 // Per-head scores, the arithmetic of estimate.cu (the same bits): tiles 1 and 2 with the group a
 // constant, larger tiles with it from the launch (a smaller group masked).
 template <typename T, int D, int G>
-QP_DEVICE void est_score(const Step& s, int t, Stride within, const PsBoxes<T>& bx, int c,
-                         Request& req) {
-  const EstTicket e = est_ticket<D>(s, t);
+QP_DEVICE void est_score(const Step& s, const EstTicket& e, Stride within, const PsBoxes<T>& bx,
+                         int c, Request& req) {
   const EstimateArgs args{s.group, PER_HEAD, nullptr};
 #pragma unroll
   for (int x = 0; x < QS_EST_TILES; ++x)
     score_batch<T, T, D, G, PER_HEAD, (G <= 2), 1>(s.q, s.indptr, s.scores, s.batch, e.walk,
-                                                   within, bx[x], est_unit<D>(e, x), c, req,
-                                                   args);
-}
-
-// Thread 0, after a barrier behind every thread's scores of ticket t: publish them (fence) and add
-// the units they cover to their (block, request) counts, a request at a time.
-template <int D> QP_DEVICE void est_count(const Step& s, int t) {
-  const int blk = t / s.per_block, j = t % s.per_block;
-  const int end = min((j + 1) * ps_ticket_units<D>(), s.nnz * PS_HB);
-  int r = j * ps_ticket_units<D>();
-  publish_fence();
-  while (r < end) {
-    const int b = request_of(s.indptr, s.batch, r / PS_HB);
-    const int n = min(end, __ldg(s.indptr + b + 1) * PS_HB) - r;
-    add_relaxed(s.done() + blk * s.batch + b, n);
-    r += n;
-  }
+                                                   within, bx[x], e.u[x], c, req, args);
 }
 
 // Estimate tickets from t0 on, pipelined as estimate.cu's tiles are (page ids two tickets ahead,
 // boxes one ahead in a second register buffer), while the tickets this CTA takes are estimate
 // tickets; the next ticket is taken three tickets ahead, so its atomic's latency is hidden too.
+// Nothing is published: each score is its own signal (select_item polls for it), so no fence
+// waits here on the loads in flight (a fence per ticket made this phase 1.9-2.6x the estimate
+// kernel's 11.3 us at 32K on an H200, 2026-12-01, f966723).
 // Returns the first ticket taken that is not an estimate ticket (nothing is taken after it).
 template <typename T, int D, int G>
 QP_DEVICE int estimate_run(const Step& s, int t0, int* fifo, int* slot) {
   constexpr int LANES = row_lanes(D);
   const int c = threadIdx.x % LANES;
   const Stride within = BlockWalk{s.kv_heads, s.nnz, 0}.stride(PS_NT / LANES);
-  auto est = [&](int t) { return s.kind(t) == PS_ESTIMATE; };
   PsPages first, pg;
   PsBoxes<T> a, b;
   // The next two tickets' atomics run while this ticket's page ids, then boxes, load.
-  est_pages<D>(s, t0, within, first);
+  EstTicket e0 = est_ticket<D>(s, t0);
+  est_pages<D>(s, e0, within, first);
   int t1 = take_ticket(s, slot);
-  if (est(t1)) est_pages<D>(s, t1, within, pg);
-  est_boxes<T, D>(s, t0, within, first, c, a);
-  int t2 = est(t1) ? take_ticket(s, slot) : PS_NONE;
+  EstTicket e1 = est_ticket<D>(s, t1);
+  if (e1.est) est_pages<D>(s, e1, within, pg);
+  est_boxes<T, D>(s, e0, within, first, c, a);
+  int t2 = e1.est ? take_ticket(s, slot) : PS_NONE;
+  EstTicket e2 = est_ticket<D>(s, t2);
   Request req;
-  int scored = PS_NONE, parity = 0;
+  int parity = 0;
   // Two buffers swap roles each step (no register copies, which would wait on their loads).
   auto advance = [&](const PsBoxes<T>& cur, PsBoxes<T>& nxt) {
-    if (est(t1)) est_boxes<T, D>(s, t1, within, pg, c, nxt);
-    if (est(t2)) est_pages<D>(s, t2, within, pg);
+    if (e1.est) est_boxes<T, D>(s, e1, within, pg, c, nxt);
+    if (e2.est) est_pages<D>(s, e2, within, pg);
     int taken = PS_NONE;
-    if (threadIdx.x == 0) {
-      if (est(t2)) taken = atomicAdd(s.state, 1);
-      if (scored != PS_NONE) est_count<D>(s, scored);
-    }
-    est_score<T, D, G>(s, t0, within, cur, c, req);
+    if (threadIdx.x == 0 && e2.est) taken = atomicAdd(s.state, 1);
+    est_score<T, D, G>(s, e0, within, cur, c, req);
     if (threadIdx.x == 0) fifo[parity] = taken;
-    __syncthreads();  // the scores of t0 are written; fifo[parity] is read before it is reused
-    scored = t0;
+    __syncthreads();  // fifo[parity] is read before it is reused
     t0 = t1;
+    e0 = e1;
     t1 = t2;
+    e1 = e2;
     t2 = fifo[parity];
+    e2 = est_ticket<D>(s, t2);
     parity ^= 1;
   };
   for (;;) {  // block-uniform: the tickets come through shared memory
     advance(a, b);
-    if (!est(t0)) break;
+    if (!e0.est) break;
     advance(b, a);
-    if (!est(t0)) break;
+    if (!e0.est) break;
   }
-  if (threadIdx.x == 0) est_count<D>(s, scored);
   return t0;
 }
 
@@ -279,21 +295,63 @@ QP_DEVICE int estimate_run(const Step& s, int t0, int* fifo, int* slot) {
 // TopkShared, then the row's keys, in the bytes of the attention rings (dynamic shared memory).
 constexpr int PS_KEYS_AT = (int(sizeof(TopkShared)) + 15) / 16;  // uint4
 
-// Select ticket t: once every unit of (block, request) is scored, the K pages of one q head's
-// row by topk.cuh (the selection of topk.cu, bit for bit), then its ready flag (release).
+// The scores of one row into shared-memory keys (or, keys nullptr, only waited for), each as soon
+// as its estimate ticket has stored it (a relaxed load until it is no longer PS_UNSCORED: one
+// word, written once, needs no fence), then PS_UNSCORED again in the row for the next launch.
 template <int NT>
-QP_DEVICE void select_item(const Step& s, int t, uint4* smem, int keys_cap) {
-  const int blk = t / s.per_block, w = t % s.per_block - s.tph, r = w / s.batch, b = w % s.batch;
-  const int qh = blk * PS_HB * s.group + r, first = __ldg(s.indptr + b);
-  const int pages = __ldg(s.indptr + b + 1) - first;
-  if (threadIdx.x == 0) wait_at_least(s.done() + blk * s.batch + b, pages * PS_HB);
-  __syncthreads();
+QP_DEVICE void poll_row(float* row, int pages, uint32_t* keys) {
+  constexpr int IN_FLIGHT = 16;  // a 2048-page row on 128 threads in one round
+  for (int base = 0; base < pages; base += NT * IN_FLIGHT) {
+    float f[IN_FLIGHT];
+    bool missing = false;
+#pragma unroll
+    for (int j = 0; j < IN_FLIGHT; ++j) {
+      const int p = base + j * NT + threadIdx.x;
+      f[j] = p < pages ? load_relaxed(row + p) : 0.f;
+    }
+    for (long long n = 0;; ++n) {  // the missing ones again, all in flight at once
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j) missing |= __float_as_uint(f[j]) == PS_UNSCORED_BITS;
+      if (!missing) break;
+      if (n == PS_MAX_POLLS) __trap();
+      __nanosleep(32);
+      missing = false;
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j)
+        if (__float_as_uint(f[j]) == PS_UNSCORED_BITS)
+          f[j] = load_relaxed(row + base + j * NT + threadIdx.x);
+    }
+    if (keys) {
+#pragma unroll
+      for (int j = 0; j < IN_FLIGHT; ++j) {
+        const int p = base + j * NT + threadIdx.x;
+        if (p < pages) keys[p] = order_key(f[j]);
+      }
+    }
+  }
+}
+QP_DEVICE void unscore_row(float* row, int pages, int nt) {
+  for (int p = threadIdx.x; p < pages; p += nt) row[p] = __uint_as_float(PS_UNSCORED_BITS);
+}
+
+// Select ticket (blk, w): the K pages of one q head's row by topk.cuh (the selection of topk.cu,
+// bit for bit) from its scores as they arrive, then its ready flag (release).
+template <int NT>
+QP_DEVICE void select_item(const Step& s, Item it, uint4* smem, int keys_cap) {
+  const int r = it.j / s.batch, b = it.j % s.batch, qh = it.blk * PS_HB * s.group + r;
+  const int first = __ldg(s.indptr + b), pages = __ldg(s.indptr + b + 1) - first;
   if (threadIdx.x == 0 && qh == 0) s.count[b] = min(s.k_pages, pages);
+  float* row = s.scores + (size_t)qh * s.nnz + first;
   uint32_t* keys = pages <= keys_cap ? reinterpret_cast<uint32_t*>(smem + PS_KEYS_AT) : nullptr;
-  select_row<NT>(s.scores + (size_t)qh * s.nnz + first, keys, pages, s.k_pages, s.sinks, s.window,
+  __syncthreads();  // the ticket before may still read the shared keys
+  poll_row<NT>(row, pages, keys);
+  if (keys) unscore_row(row, pages, NT);  // each thread's own positions: read above
+  __syncthreads();  // every score has arrived (and the keys are written)
+  select_row<NT>(row, keys, pages, s.k_pages, s.sinks, s.window,
                  s.sel + ((size_t)qh * s.batch + b) * s.k_pages,
-                 *reinterpret_cast<TopkShared*>(smem));
-  __syncthreads();  // every thread's positions are written
+                 *reinterpret_cast<TopkShared*>(smem), keys != nullptr);
+  __syncthreads();  // every thread's positions are written (and the scores read)
+  if (!keys) unscore_row(row, pages, NT);
   if (threadIdx.x == 0) {
     __threadfence();
     store_release(s.ready() + qh * s.batch + b, 1);
@@ -383,7 +441,7 @@ QP_DEVICE void combine_split(const Step& s, const St& st, int ar, int split, siz
 // atomic, as attention.cu).
 template <typename T, int D>
 QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* s_valid,
-                           float* s_m, float* s_l, int* s_last) {
+                           float* s_m, float* s_l, int* s_last, int& next) {
   using St = Tile<T, T, D, 1>;
   static_assert(!tensor_tile<T, D, 1>(), "one q head per row: the CUDA-core tile");
   const int ar = a / s.splits, split = a % s.splits, per_kv = s.batch * s.group;
@@ -394,7 +452,10 @@ QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* 
   const Paging<0> pg(s.page_shift);
   St st;
   st.init(s.q + qg * D, lane, s.scale_log2, 1);  // an input: before the wait
-  if (threadIdx.x == 0) wait_at_least(s.ready() + qh * s.batch + b, 1);
+  if (threadIdx.x == 0) {  // the next ticket only once this one runs: a CTA waiting here on
+    wait_at_least(s.ready() + qh * s.batch + b, 1);  // a later ticket would delay its block's
+    next = atomicAdd(s.state, 1);                     // selection by this wait, and so on
+  }
   __syncthreads();
   const int p_begin = split * s.split_pages;
   const int nb = max(0, min(min(s.k_pages, req_pages), p_begin + s.split_pages) - p_begin);

@@ -154,10 +154,12 @@ QP_DEVICE void compact(const Row& row, uint32_t lo, uint32_t hi, uint32_t rem,
 
 // The K best of `pages` scores (a row written by an earlier grid, or by other CTAs of this one
 // behind a fence: read through L2) into out[0, k_pages), -1 padded. `keys`: shared memory for
-// `pages` keys, or nullptr to re-read the scores in every pass. Every thread of the CTA calls it.
+// `pages` keys, or nullptr to re-read the scores in every pass; loaded: the keys already hold
+// the row's (quest_step.cuh polls them in). Every thread of the CTA calls it.
 template <int NT>
 QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_pages, int sinks,
-                          int window, int* __restrict__ out, TopkShared& sh) {
+                          int window, int* __restrict__ out, TopkShared& sh,
+                          bool loaded = false) {
   const int chosen = min(k_pages, pages);
   for (int p = chosen + threadIdx.x; p < k_pages; p += NT) out[p] = -1;
   if (pages <= k_pages) {  // every page is chosen
@@ -165,7 +167,7 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
     return;
   }
   Row row{scores, nullptr, pages, sinks, max(window, 1)};
-  if (keys) {
+  if (keys && !loaded) {
     __syncthreads();  // the row before may still read the keys
     for (int base = 0; base < pages; base += NT * 8) {  // 8 loads in flight per thread
       float f[8];
@@ -180,9 +182,9 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
         if (p < pages) keys[p] = order_key(f[j]);
       }
     }
-    row.keys = keys;
     __syncthreads();  // keys are read by every thread from here on
   }
+  row.keys = keys;
   uint32_t rem = k_pages - sinks - row.window, lo = 0xffffffffu, hi = 0xffffffffu;
   if (rem > 0) {  // else only reserved pages: the empty rank test below takes none of [lo, hi]
     key_range<NT>(row, &lo, &hi, sh.warp_sums);

@@ -6,7 +6,7 @@ On bench's two batch-1 cases (scenarios/bench.toml, quick: MHA 32 heads, d 128, 
 of per-layer pools: commands/bench.py's layers, workload/pools.py, measure/timing.py), it times
   - the three-kernel step and its stages alone (estimate, topk, attention), from the same pools;
   - each build of launch_args.TUNINGS (threads per CTA, CTAs per SM, units per estimate ticket,
-    KV heads per estimate block, the fence that publishes scores) three ways: its estimate
+    KV heads per estimate block; and the attention's lag, a launch argument) three ways: its estimate
     tickets alone, estimate and select tickets, the whole step.
 Every (build, phase) is first checked on layer 0 against the three-kernel step (scores, or
 selection and count, bit for bit; out within 2e-3): one that fails prints why and is not timed.
@@ -78,8 +78,11 @@ def case_times(backend, cfg) -> dict:
                                     True).summary()["median_ms"] * 1e3
     got = {(row, phase): us(work.launcher(stage)) for row, (phase, stage) in STAGE_ROWS.items()}
     launch = step_launcher()
+    timed = set()  # builds whose estimate and select phases are timed (lag changes neither)
     for name, tuning in TUNINGS.items():
-        for phase in PHASES:
+        phases = PHASES if tuning.defines() not in timed else ("all",)
+        timed.add(tuning.defines())
+        for phase in phases:
             why = mismatch(backend, work, tuning, phase)
             got[name, phase] = why or us(lambda l, t=tuning, p=phase: step_outputs(
                 work.q, work.kvs[l], cfg.k_pages, cfg.mode, launch=launch, tuning=t, stop=p))
@@ -131,7 +134,8 @@ def main() -> None:
     results = [case_times(backend, cfg) for cfg in cases]
     print(f"probe done in {time.perf_counter() - start:.0f} s; us per layer, median of "
           f"{REPEATS} CUDA-graph replays of a cold pass; builds: " + "; ".join(
-              f"{n} {' '.join(t.defines()) or '(PS_* defaults)'}" for n, t in TUNINGS.items()))
+              f"{n} {' '.join(t.defines()) or '(PS_* defaults)'} lag {t.lag}"
+              for n, t in TUNINGS.items()))
     print("\n".join(table(cases, results)))
 
 

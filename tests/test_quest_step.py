@@ -102,6 +102,29 @@ def test_a_grid_of_one_or_three_ctas_does_not_deadlock(gpu, rng, grid):
 
 
 @gpu_only
+@pytest.mark.parametrize("lag", [0, 1, launch_args.LAG_LAST])
+def test_scores_are_left_unscored_and_phases_interleave(gpu, rng, lag):
+    """Each select ticket puts its row back to PS_UNSCORED (the next launch polls it), also where
+    every page is chosen; the estimate phase writes its own buffer, so steps after it still
+    select; attention lags its selection by 0, 1 or every block (lag 0 may wait on a selection)."""
+    import cupy
+
+    from questprof.backends.quest_step import UNSCORED, step_outputs
+
+    kv = make_case(rng, [16 * 300 + 7, 5, 16 * 64], 16, 4, 128, "fp16", spare_pages=5)
+    q = random_queries(rng, 3, 4, 128, "fp16")
+    tuning = launch_args.StepTuning(lag=lag)
+    first = _check(gpu, kv, q, 64, exact=False, launches=1, tuning=tuning)
+    dev_kv, dev_q = gpu.put(kv), gpu.asarray(q)
+    estimate = step_outputs(dev_q, dev_kv, 64, tuning=tuning, stop="estimate")[4]
+    assert not np.isnan(gpu.to_host(estimate)).any()
+    *got, scores = step_outputs(dev_q, dev_kv, 64, tuning=tuning)
+    np.testing.assert_array_equal(gpu.to_host(scores.view(cupy.uint32)), UNSCORED)
+    for g, w in zip(got[:4], first):
+        np.testing.assert_array_equal(gpu.to_host(g), w)
+
+
+@gpu_only
 def test_budget_over_every_page_is_dense(gpu, rng):
     from questprof.backends import cupy as ops
     from questprof.backends.quest_step import quest_step
@@ -177,6 +200,8 @@ def test_three_replays_of_a_captured_graph(gpu, rng):
 
 
 PROBE_BUILDS = [n for n in launch_args.TUNINGS if n != "default"]
+# One entry per distinct build (lag is a launch argument): what nvcc compiles below.
+DISTINCT_BUILDS = list({launch_args.TUNINGS[n].defines(): n for n in PROBE_BUILDS}.values())
 
 
 @gpu_only
@@ -229,13 +254,16 @@ def test_splits_and_tickets_of_the_benchmark_shapes():
 
 
 def test_probe_builds_and_their_tickets():
-    """The default build takes no -D option and each probe build at least one; tickets count
-    blocks of head_block KV heads and the build's units per ticket."""
+    """The default build takes no -D option; each probe entry differs from the others in its
+    build or its lag (a launch argument, no -D); tickets count blocks of head_block KV heads and
+    the build's units per ticket."""
     tunings = launch_args.TUNINGS
     assert tunings["default"].defines() == () and tunings["default"] == launch_args.DEFAULT_TUNING
-    assert all(t.defines() for n, t in tunings.items() if n != "default")
-    assert len({t.defines() for t in tunings.values()}) == len(tunings)
+    assert all(t.defines() or t.lag != launch_args.DEFAULT_TUNING.lag
+               for n, t in tunings.items() if n != "default")
+    assert len({(t.defines(), t.lag) for t in tunings.values()}) == len(tunings)
     assert tunings["threads-256x2"].defines() == ("QS_THREADS=256", "QS_CTAS=2")
+    assert tunings["lag-last"].defines() == () and tunings["lag-last"].lag >= 128
     # 32K MHA: 64 units per ticket at 256 threads; blocks of 4 heads: 128 + 4 select tickets each
     assert launch_args.persistent_tickets(2048, 1, 32, 32, 128, 12, 256, 2, 4) == 8 * 132 + 384
     assert launch_args.persistent_tickets(2048, 1, 32, 32, 128, 12, 128, 2, 32) == 2048 + 32 + 384
@@ -264,7 +292,7 @@ def test_probe_builds_compile(tmp_path):
                                     capture_output=True, text=True)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
-        for name, result in pool.map(build, PROBE_BUILDS):
+        for name, result in pool.map(build, DISTINCT_BUILDS):
             assert result.returncode == 0, (name, result.stderr)
 
 

@@ -144,35 +144,37 @@ STOPS = {"estimate": 1, "select": 2, "all": 3}  # what a launch runs (PS_STOP_* 
 
 @dataclass(frozen=True)
 class StepTuning:
-    """A build of the persistent step: quest_step.cuh's QS_* options (threads per CTA, CTAs per
-    SM its registers are sized for, estimate tiles per ticket, KV heads per estimate block, the
-    fence that publishes scores); the defaults are kernels/constants.cuh's PS_* and the kernel's."""
+    """A build of the persistent step and its queue: quest_step.cuh's QS_* options (threads per
+    CTA, CTAs per SM its registers are sized for, estimate tiles per ticket, KV heads per estimate
+    block; defaults kernels/constants.cuh's PS_*) and `lag`, a launch argument: blocks of the
+    estimate between a block's selection and its attention tickets (a large lag puts every
+    attention ticket after every estimate ticket)."""
 
     threads: int = _PS["PS_THREADS"]
     ctas_per_sm: int = _PS["PS_CTAS_PER_SM"]
     est_tiles: int = _PS["PS_EST_TILES"]
     head_block: int = 1
-    fence: int = 0
+    lag: int = 2
 
     def defines(self) -> tuple[str, ...]:
         """-D options of this build (none for the default one)."""
         pairs = (("QS_THREADS", self.threads, _PS["PS_THREADS"]),
                  ("QS_CTAS", self.ctas_per_sm, _PS["PS_CTAS_PER_SM"]),
                  ("QS_EST_TILES", self.est_tiles, _PS["PS_EST_TILES"]),
-                 ("QS_HEAD_BLOCK", self.head_block, 1), ("QS_FENCE", self.fence, 0))
+                 ("QS_HEAD_BLOCK", self.head_block, 1))
         return tuple(f"{name}={value}" for name, value, default in pairs if value != default)
 
 
 DEFAULT_TUNING = StepTuning()
-# The builds tests/quest_step_probe.py times against the default (and the GPU tests check):
-# threads per CTA, CTAs per SM, units per ticket, estimate order, fence.
-TUNINGS = {"default": DEFAULT_TUNING, "fence-acq-rel": StepTuning(fence=1),
-           "heads-4": StepTuning(head_block=4), "heads-32": StepTuning(head_block=32),
+LAG_LAST = 1 << 20  # a lag past every block: attention only after the whole estimate
+# The builds and queues tests/quest_step_probe.py times against the default (and the GPU tests
+# check): threads per CTA, CTAs per SM, units per ticket, estimate order, the attention's lag.
+TUNINGS = {"default": DEFAULT_TUNING, "lag-1": StepTuning(lag=1), "lag-4": StepTuning(lag=4),
+           "lag-8": StepTuning(lag=8), "lag-last": StepTuning(lag=LAG_LAST),
+           "heads-4": StepTuning(head_block=4, lag=1),
            "threads-256x2": StepTuning(threads=256, ctas_per_sm=2),
-           "threads-512x1": StepTuning(threads=512, ctas_per_sm=1),
-           "ctas-2": StepTuning(ctas_per_sm=2), "tiles-1": StepTuning(est_tiles=1),
-           "tiles-4x2": StepTuning(est_tiles=4, ctas_per_sm=2),
-           "combined": StepTuning(threads=256, ctas_per_sm=2, head_block=4, fence=1)}
+           "threads-256x2-lag-8": StepTuning(threads=256, ctas_per_sm=2, lag=8),
+           "combined": StepTuning(threads=256, ctas_per_sm=2, head_block=4, lag=1)}
 
 
 def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,

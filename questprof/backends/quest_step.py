@@ -29,6 +29,8 @@ PS_MAX_SPLIT_PAGES = _C["PS_MAX_SPLIT_PAGES"]
 STAGE = "quest_step"  # the stage name its PDL launcher knows it by
 _i32 = np.int32
 _plain = PlainLaunch()
+UNSCORED = _C["PS_UNSCORED"]  # a score not yet written (a signalling NaN's bits)
+_SCORES: dict = {}
 
 
 def step_launcher(pdl: bool = True) -> Launcher:
@@ -55,6 +57,17 @@ def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int, threads
         return ctas
 
 
+def _unscored(size: int) -> cupy.ndarray:
+    """The step's per-device scores buffer, every word PS_UNSCORED (quest_step.cuh): a select
+    ticket polls its row until the estimate has stored each score, then puts the word back, so a
+    launch leaves it as it found it (launches on one stream share it, as they share the state)."""
+    key = (cupy.cuda.Device().id, STAGE)
+    if key not in _SCORES or _SCORES[key].size < size:
+        _SCORES[key] = cupy.full(max(size, 1 << 16), UNSCORED, dtype=cupy.uint32).view(
+            cupy.float32)
+    return _SCORES[key][:size]
+
+
 def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
                launch=_plain, grid: int | None = None, split_pages: int | None = None,
                tuning: StepTuning = DEFAULT_TUNING):
@@ -73,7 +86,8 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
     """quest_step's (out, lse, sel, count) and the scores [Hq, nnz] float32 it selected from.
     stop: "all", or "estimate" / "select" to run only the estimate (and select) tickets (out,
     lse, and with "estimate" sel and count, are then left unwritten: tests/quest_step_probe.py
-    times the phases)."""
+    times the phases). The scores are the selection's input only with stop "estimate": otherwise
+    each select ticket has put its row back to UNSCORED."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)
@@ -103,7 +117,8 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
     total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits, tuning.threads,
                                tuning.est_tiles, tuning.head_block)
     grid = max(1, min(grid or wave, total))
-    scores = cupy.empty((q_heads, nnz), dtype=cupy.float32)
+    scores = (cupy.empty((q_heads, nnz), dtype=cupy.float32) if stop == "estimate"
+              else _unscored(q_heads * nnz).reshape(q_heads, nnz))
     sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty(batch, dtype=cupy.int32)
     out = cupy.empty(q.shape, dtype=q.dtype)
@@ -112,11 +127,11 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
     if splits > 1:
         ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
-    state = ops._counts(STAGE, 2 + batch * (kv.kv_heads + 2 * q_heads))
+    state = ops._counts(STAGE, 2 + 2 * batch * q_heads)
     launch(kernel, (grid,), (tuning.threads,), (
         q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
         count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
         _i32(nnz), _i32(k_pages), _i32(sinks), _i32(window), _i32(splits), _i32(split_pages),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)),
-        _i32(STOPS[stop])), shared_mem=smem, stage=STAGE)
+        _i32(STOPS[stop]), _i32(min(tuning.lag, kv.kv_heads))), shared_mem=smem, stage=STAGE)
     return out, lse, sel, count, scores
