@@ -27,10 +27,12 @@ template <> struct Box<e4m3> {
 // a 64-bit division per unit. HEAD_MAJOR = false: unit i * Hkv + h (KV head fastest, a page's
 // boxes contiguous; estimate.cu); true: unit h * nnz + i (a head's rows finish together;
 // estimate_topk.cu).
-template <bool HEAD_MAJOR>
+template <bool HEAD_MAJOR, bool POLLED = false>
 struct Walk {
   static constexpr bool head_major = HEAD_MAJOR;
-  static constexpr bool polled = false;  // scores read by a later grid (or behind a fence)
+  // POLLED: another CTA of the grid polls each score as it is stored (quest_step.cuh); else the
+  // scores are read by a later grid, or behind a fence
+  static constexpr bool polled = POLLED;
   int kv_heads, nnz, limit;  // head-major: units at or past `limit` are not this walk's
   QP_DEVICE Unit unit(int n) const {
     return HEAD_MAJOR ? Unit{n % nnz, n / nnz} : Unit{n / kv_heads, n % kv_heads};
@@ -213,14 +215,16 @@ QP_DEVICE void score_batch(const uint16_t* __restrict__ q, const int* __restrict
 template <int D, int NT = EST_THREADS>
 __host__ __device__ constexpr int est_tile_units() { return EST_UNROLL * (NT / row_lanes(D)); }
 
-// Tiles first, first + step, ... (< end) of this block, scored in the order of Walk<HEAD_MAJOR>:
+// Tiles first, first + step, ... (< end) of this block, scored in the order of Walk<HEAD_MAJOR>
+// (quest_step.cu: head-major and grid-stride over its estimate CTAs):
 // estimate.cu walks grid-stride (first blockIdx.x, step gridDim.x), estimate_topk.cu a block of
 // consecutive tiles (step 1), so that each block's units fall in one or two rows. EXACT: the
 // group is the tile G, a constant (the code of the G 1, 2, 4, 8 builds timed on the H200);
 // otherwise the group comes from the launch (a smaller group masked, a larger one chunked).
 // BOXES > 1 (grid-stride walks only): kv_heads counts KV heads x BOXES, one unit per box.
+// POLLED: the scores are stored for polls by other CTAs of the grid (Walk).
 template <typename T, typename TS, int D, int G, int MODE, bool HEAD_MAJOR, bool EXACT,
-          int NT = EST_THREADS, int BOXES = 1>
+          int NT = EST_THREADS, int BOXES = 1, bool POLLED = false>
 QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                               const int* __restrict__ indptr, const int* __restrict__ indices,
                               float* __restrict__ scores, int batch, int kv_heads, int nnz,
@@ -229,7 +233,7 @@ QP_DEVICE void estimate_tiles(const uint16_t* __restrict__ q, const word_t<TS>* 
   static_assert(BOXES == 1 || (!HEAD_MAJOR && LANES * BOXES <= 32 && GROUPS % BOXES == 0),
                 "a page's boxes must be units of one warp (boxes_built)");
   const int c = threadIdx.x % LANES;
-  const Walk<HEAD_MAJOR> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
+  const Walk<HEAD_MAJOR, POLLED> walk{kv_heads, nnz, min(end * TILE, nnz * kv_heads)};
   const Stride within = walk.stride(GROUPS), across = walk.stride(step * TILE);
   // now: the tile being scored; ahead: its boxes in flight; ahead2: its page ids in flight.
   Unit now = walk.unit(first * TILE + threadIdx.x / LANES);

@@ -5,9 +5,9 @@ On bench's two batch-1 cases (scenarios/bench.toml, quick: MHA 32 heads, d 128, 
 32K budget 2048 and 128K budget 4096), with bench's timing protocol (CUDA graphs over a cold pass
 of per-layer pools: commands/bench.py's layers, workload/pools.py, measure/timing.py), it times
   - the three-kernel step and its stages alone (estimate, topk, attention), from the same pools;
-  - each build of launch_args.TUNINGS (threads per CTA, CTAs per SM, units per estimate ticket,
-    KV heads per estimate block; and the attention's lag, a launch argument) three ways: its estimate
-    tickets alone, estimate and select tickets, the whole step.
+  - each build of launch_args.TUNINGS (threads per CTA, CTAs per SM,
+    and CTAs that start on the queue, a launch argument) three ways: its estimate alone, estimate
+    and select tickets, the whole step.
 Every (build, phase) is first checked on layer 0 against the three-kernel step (scores, or
 selection and count, bit for bit; out within 2e-3): one that fails prints why and is not timed.
 Prints one table last: us per layer, medians.
@@ -78,19 +78,45 @@ def case_times(backend, cfg) -> dict:
                                     True).summary()["median_ms"] * 1e3
     got = {(row, phase): us(work.launcher(stage)) for row, (phase, stage) in STAGE_ROWS.items()}
     launch = step_launcher()
-    timed = set()  # builds whose estimate and select phases are timed (lag changes neither)
     for name, tuning in TUNINGS.items():
-        phases = PHASES if tuning.defines() not in timed else ("all",)
-        timed.add(tuning.defines())
-        for phase in phases:
+        for phase in PHASES:
             why = mismatch(backend, work, tuning, phase)
             got[name, phase] = why or us(lambda l, t=tuning, p=phase: step_outputs(
                 work.q, work.kvs[l], cfg.k_pages, cfg.mode, launch=launch, tuning=t, stop=p))
             if why:
                 print(f"{cfg.length // 1024}K {name} {phase}: {why}", flush=True)
+    for name in TRACED:
+        print(timeline(backend, work, cfg, name), flush=True)
     del work
     release(backend)
     return got
+
+
+TRACED = ("default", "threads-128x3")  # the builds whose timeline is printed
+
+
+def timeline(backend, work, cfg, name: str) -> str:
+    """One traced launch of a build (layer 1, after layer 0): when its phases start and end, us
+    from the first CTA's start (StepTrace of backends/quest_step.py)."""
+    from questprof.backends.quest_step import StepTrace, step_outputs
+
+    tuning, tr = TUNINGS[name], StepTrace()
+    step_outputs(work.q, work.kvs[0], cfg.k_pages, cfg.mode, tuning=tuning)
+    step_outputs(work.q, work.kvs[1], cfg.k_pages, cfg.mode, tuning=tuning, trace=tr)
+    backend.synchronize()
+    w = backend.to_host(tr.words).astype(np.int64)
+    cta, tk = w[:3 * tr.grid].reshape(-1, 3), w[3 * tr.grid:].reshape(-1, 3)
+    t0 = cta[:, 0].min()
+    us = lambda x: (x - t0) / 1e3  # noqa: E731
+    q = min(tuning.queue_ctas, tr.grid - 1)
+    est, sel, att = cta[q:, 1], tk[:tr.selects], tk[tr.selects:]
+    pct = lambda x: "/".join(f"{us(v):.1f}" for v in np.percentile(x, [0, 50, 100]))  # noqa
+    wait = (att[:, 1] - att[:, 0]).sum() / max(1, (att[:, 2] - att[:, 0]).sum())
+    return (f"{cfg.length // 1024}K {name}: CTAs start by {us(cta[:, 0].max()):.1f}; estimate "
+            f"shares end {pct(est)} (min/median/max); rows scored {pct(sel[:, 1])}, selected "
+            f"{pct(sel[:, 2])}; attention tickets start {pct(att[:, 0])}, rows ready for them "
+            f"{pct(att[:, 1])}, end {pct(att[:, 2])} ({wait:.0%} of their time waiting); "
+            f"kernel ends {us(cta[:, 2].max()):.1f}")
 
 
 def prebuild(cfg) -> None:
@@ -134,7 +160,8 @@ def main() -> None:
     results = [case_times(backend, cfg) for cfg in cases]
     print(f"probe done in {time.perf_counter() - start:.0f} s; us per layer, median of "
           f"{REPEATS} CUDA-graph replays of a cold pass; builds: " + "; ".join(
-              f"{n} {' '.join(t.defines()) or '(PS_* defaults)'} lag {t.lag}"
+              f"{n} {' '.join(t.defines()) or '(PS_* defaults)'} queue CTAs {t.queue_ctas} "
+              f"attention waves {t.att_waves}"
               for n, t in TUNINGS.items()))
     print("\n".join(table(cases, results)))
 

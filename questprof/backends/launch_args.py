@@ -144,37 +144,31 @@ STOPS = {"estimate": 1, "select": 2, "all": 3}  # what a launch runs (PS_STOP_* 
 
 @dataclass(frozen=True)
 class StepTuning:
-    """A build of the persistent step and its queue: quest_step.cuh's QS_* options (threads per
-    CTA, CTAs per SM its registers are sized for, estimate tiles per ticket, KV heads per estimate
-    block; defaults kernels/constants.cuh's PS_*) and `lag`, a launch argument: blocks of the
-    estimate between a block's selection and its attention tickets (a large lag puts every
-    attention ticket after every estimate ticket)."""
+    """A build of the persistent step and its launch: quest_step.cuh's QS_* options (threads per
+    CTA, CTAs per SM its registers are sized for; defaults kernels/constants.cuh's PS_*) and
+    two launch arguments: `queue_ctas`, CTAs that start on the queue of select and attention
+    tickets while the others score the estimate (at most the grid less one), and `att_waves`,
+    attention tickets per CTA of the grid that the splits aim at (persistent_splits)."""
 
     threads: int = _PS["PS_THREADS"]
     ctas_per_sm: int = _PS["PS_CTAS_PER_SM"]
-    est_tiles: int = _PS["PS_EST_TILES"]
-    head_block: int = 1
-    lag: int = 2
+    queue_ctas: int = 16
+    att_waves: float = 3.0
 
     def defines(self) -> tuple[str, ...]:
         """-D options of this build (none for the default one)."""
         pairs = (("QS_THREADS", self.threads, _PS["PS_THREADS"]),
-                 ("QS_CTAS", self.ctas_per_sm, _PS["PS_CTAS_PER_SM"]),
-                 ("QS_EST_TILES", self.est_tiles, _PS["PS_EST_TILES"]),
-                 ("QS_HEAD_BLOCK", self.head_block, 1))
+                 ("QS_CTAS", self.ctas_per_sm, _PS["PS_CTAS_PER_SM"]))
         return tuple(f"{name}={value}" for name, value, default in pairs if value != default)
 
 
 DEFAULT_TUNING = StepTuning()
-LAG_LAST = 1 << 20  # a lag past every block: attention only after the whole estimate
-# The builds and queues tests/quest_step_probe.py times against the default (and the GPU tests
-# check): threads per CTA, CTAs per SM, units per ticket, estimate order, the attention's lag.
-TUNINGS = {"default": DEFAULT_TUNING, "lag-1": StepTuning(lag=1), "lag-4": StepTuning(lag=4),
-           "lag-8": StepTuning(lag=8), "lag-last": StepTuning(lag=LAG_LAST),
-           "heads-4": StepTuning(head_block=4, lag=1),
-           "threads-256x2": StepTuning(threads=256, ctas_per_sm=2),
-           "threads-256x2-lag-8": StepTuning(threads=256, ctas_per_sm=2, lag=8),
-           "combined": StepTuning(threads=256, ctas_per_sm=2, head_block=4, lag=1)}
+# The builds and launches tests/quest_step_probe.py times against the default (and the GPU tests
+# check): threads per CTA, CTAs per SM, CTAs on the queue from the start.
+TUNINGS = {"default": DEFAULT_TUNING, "queue-0": StepTuning(queue_ctas=0),
+           "queue-32": StepTuning(queue_ctas=32), "splits-x1": StepTuning(att_waves=1.0),
+           "splits-x6": StepTuning(att_waves=6.0),
+           "threads-128x3": StepTuning(threads=128, ctas_per_sm=3, att_waves=2.0)}
 
 
 def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
@@ -202,24 +196,12 @@ def persistent_ring_bytes(d: int) -> int:
     return variants.ATT_WARPS * _PS["PS_STAGES"] * 2 * variants.tile_tokens(d, 1) * d * 2
 
 
-def persistent_tickets(nnz: int, batch: int, q_heads: int, kv_heads: int, d: int,
-                       splits: int, threads: int = 0, est_tiles: int = 0,
-                       head_block: int = 1) -> int:
-    """Tickets of the persistent step's queue: per block of head_block KV heads its estimate
-    tickets and one select ticket per (q head, request), then (row, split) of attention (Step in
-    quest_step.cuh). threads, est_tiles: the build's (0: PS_THREADS, PS_EST_TILES)."""
-    lanes = variants.row_lanes(d)
-    units = ((est_tiles or _PS["PS_EST_TILES"]) * variants.EST_UNROLL
-             * ((threads or _PS["PS_THREADS"]) // lanes))
-    per_block = -(-nnz * head_block // units) + batch * (q_heads // kv_heads) * head_block
-    return kv_heads // head_block * per_block + batch * q_heads * splits
-
-
 def persistent_splits(rows: int, row_pages: int, page_size: int, d: int,
-                      ctas: int) -> tuple[int, int]:
-    """(splits, pages per split) of the persistent step's attention: about one ticket per CTA of
-    the wave, each warp at least two tiles, at most PS_MAX_SPLIT_PAGES pages."""
+                      tickets: int) -> tuple[int, int]:
+    """(splits, pages per split) of the persistent step's attention: about `tickets` attention
+    tickets (StepTuning.att_waves per CTA of the grid), each warp at least two tiles, at most
+    PS_MAX_SPLIT_PAGES pages."""
     min_pages = max(1, -(-2 * variants.ATT_WARPS * variants.tile_tokens(d, 1) // page_size))
-    want = max(1, ctas // rows)
+    want = max(1, tickets // rows)
     per_split = min(_PS["PS_MAX_SPLIT_PAGES"], max(min_pages, -(-row_pages // want)))
     return -(-row_pages // per_split), per_split

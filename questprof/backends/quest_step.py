@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import cupy
 import numpy as np
@@ -19,8 +20,7 @@ from questprof.backends import constants, variants
 from questprof.backends import cupy as ops
 from questprof.backends.launch_args import (DEFAULT_TUNING, STOPS, StepTuning, check_budget,
                                            check_kv, check_q, persistent_problem,
-                                           persistent_ring_bytes, persistent_splits,
-                                           persistent_tickets)
+                                           persistent_ring_bytes, persistent_splits)
 from questprof.backends.pdl import Launcher, PlainLaunch, _driver
 
 _C = constants.load()
@@ -31,6 +31,7 @@ _i32 = np.int32
 _plain = PlainLaunch()
 UNSCORED = _C["PS_UNSCORED"]  # a score not yet written (a signalling NaN's bits)
 _SCORES: dict = {}
+LINE = _C["PS_LINE"]  # int32 per line: the state's ticket and each ready flag own one
 
 
 def step_launcher(pdl: bool = True) -> Launcher:
@@ -82,12 +83,13 @@ def quest_step(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wind
 
 def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
                  launch=_plain, grid: int | None = None, split_pages: int | None = None,
-                 tuning: StepTuning = DEFAULT_TUNING, stop: str = "all"):
+                 tuning: StepTuning = DEFAULT_TUNING, stop: str = "all", trace=None):
     """quest_step's (out, lse, sel, count) and the scores [Hq, nnz] float32 it selected from.
     stop: "all", or "estimate" / "select" to run only the estimate (and select) tickets (out,
     lse, and with "estimate" sel and count, are then left unwritten: tests/quest_step_probe.py
     times the phases). The scores are the selection's input only with stop "estimate": otherwise
-    each select ticket has put its row back to UNSCORED."""
+    each select ticket has put its row back to UNSCORED. trace: None, or a StepTrace that gets
+    the launch's timeline (tests/quest_step_probe.py)."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)
@@ -96,9 +98,8 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
                                  kv.dtype)
     if problem:
         raise ValueError(problem)
-    if kv.kv_heads % tuning.head_block or stop not in STOPS:
-        raise ValueError(f"head_block {tuning.head_block} must divide the {kv.kv_heads} KV heads "
-                         f"and stop ({stop!r}) be one of {', '.join(STOPS)}")
+    if stop not in STOPS:
+        raise ValueError(f"stop ({stop!r}) must be one of {', '.join(STOPS)}")
     smem = persistent_ring_bytes(d)
     tile = variants.plan_group(g).tile  # the estimate's; attention runs q heads on tile 1
     expression = f"quest_step_kernel<{q_tag}, {d}, {tile}>"
@@ -109,14 +110,16 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
     wave = per_sm * ops._sm_count()
     rows, row_pages = batch * q_heads, max(1, min(k_pages, max(kv.pages())))
     if split_pages is None:
-        splits, split_pages = persistent_splits(rows, row_pages, s, d, grid or wave)
+        tickets = max(1, round((grid or wave) * tuning.att_waves))
+        splits, split_pages = persistent_splits(rows, row_pages, s, d, tickets)
     elif not 1 <= split_pages <= PS_MAX_SPLIT_PAGES:
         raise ValueError(f"split_pages {split_pages} must be in 1..{PS_MAX_SPLIT_PAGES}")
     else:
         splits = -(-row_pages // split_pages)
-    total = persistent_tickets(nnz, batch, q_heads, kv.kv_heads, d, splits, tuning.threads,
-                               tuning.est_tiles, tuning.head_block)
-    grid = max(1, min(grid or wave, total))
+    grid = max(1, grid or wave)
+    if trace is not None:
+        trace.grid, trace.selects, trace.splits = grid, rows, splits
+        trace.words = cupy.zeros(3 * grid + 3 * rows * (1 + splits), dtype=cupy.uint64)
     scores = (cupy.empty((q_heads, nnz), dtype=cupy.float32) if stop == "estimate"
               else _unscored(q_heads * nnz).reshape(q_heads, nnz))
     sel = cupy.empty((q_heads, batch, k_pages), dtype=cupy.int32)
@@ -127,11 +130,25 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
     if splits > 1:
         ws_o = cupy.empty((rows, splits, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, splits), dtype=cupy.float32)
-    state = ops._counts(STAGE, 2 + 2 * batch * q_heads)
+    state = ops._counts(STAGE, LINE * (1 + batch * q_heads) + batch * q_heads)
     launch(kernel, (grid,), (tuning.threads,), (
         q, kv.summary, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len, scores, sel,
         count, out, lse, ws_o, ws_lse, state, _i32(batch), _i32(q_heads), _i32(kv.kv_heads),
         _i32(nnz), _i32(k_pages), _i32(sinks), _i32(window), _i32(splits), _i32(split_pages),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)),
-        _i32(STOPS[stop]), _i32(min(tuning.lag, kv.kv_heads))), shared_mem=smem, stage=STAGE)
+        _i32(STOPS[stop]), _i32(tuning.queue_ctas), ops._NULL if trace is None else trace.words),
+        shared_mem=smem, stage=STAGE)
     return out, lse, sel, count, scores
+
+
+@dataclass
+class StepTrace:
+    """A launch's timeline (Trace of quest_step.cuh), filled by step_outputs: words [3 x grid]
+    (per CTA its start, the end of its estimate share, its end), then [3 x tickets] (per ticket its
+    start, middle and end: `selects` select tickets, then selects x splits attention tickets);
+    nanoseconds of the GPU's global timer."""
+
+    grid: int = 0
+    selects: int = 0
+    splits: int = 0
+    words: object = None
