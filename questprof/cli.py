@@ -55,13 +55,24 @@ SCENARIO_HELP = ("Scenario name (scenarios/<name>.toml), a .toml path, or a Hugg
                  "config.json (or the model folder holding it)")
 
 
-def _write_report(out_dir: Path) -> None:
-    """report.html from the results in out_dir."""
+def _write_report(out_dir: Path, asked: bool = False) -> None:
+    """report.html from the results in out_dir. Without plotly: one line (a warning after a run,
+    whose results are on disk; an error when the report is what was asked for)."""
     from questprof import results
     from questprof.report import glance_lines, write_report
 
     df, meta = results.load(out_dir)
-    path = write_report(df, meta, out_dir / "report.html")
+    try:
+        path = write_report(df, meta, out_dir / "report.html")
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("plotly"):
+            raise
+        why = (f"report.html is not written: plotly is not installed here (pip install plotly); "
+               f"the results are in {out_dir}, and `questprof report {out_dir}` draws it")
+        if asked:
+            raise ConfigError(why) from None
+        console.warn(why)
+        return
     for line in glance_lines(df, meta, out_dir):  # the report's "At a glance" recommendation
         console.out.print(line, highlight=False, markup=False)
     console.out.print(f"report: {path or out_dir / 'report.html'}", highlight=False)
@@ -171,7 +182,7 @@ def report(results_dir: Annotated[Path, typer.Argument(help="A results directory
     from questprof import results
 
     results.load(results_dir)  # a clear error when it is not a results directory
-    _write_report(results_dir)
+    _write_report(results_dir, asked=True)
 
 
 @app.command()

@@ -152,6 +152,23 @@ def test_compare_of_two_cpu_runs_is_noisy_not_slower(tmp_path):
     assert "FASTER" not in result.stdout
 
 
+def test_without_plotly_a_run_keeps_its_rows_and_says_so_in_one_line(tmp_path, monkeypatch):
+    """A machine without plotly (the H200 image): the sweep writes its results and warns that
+    report.html is not drawn; `questprof report` then fails in one line, no traceback."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "questprof.report" or
+                 m.startswith(("questprof.report.", "plotly"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    out = tmp_path / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--out", out, *FAST)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "plotly is not installed" in result.stderr
+    assert results.read_rows(out) and not (out / "report.html").exists()
+    assert "plotly is not installed" in assert_one_line_error(run("report", out))
+
+
 def test_report_and_compare_bad_directories(tmp_path):
     assert_one_line_error(run("report", tmp_path / "nope"))
     assert_one_line_error(run("sweep", "--resume", tmp_path / "nope"))

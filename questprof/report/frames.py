@@ -19,6 +19,8 @@ POINT = CURVE + ["length"]
 OURS = "ours"  # impl of our kernels (results.OURS; rows written before impl existed)
 DEFAULT_MODE = "per-head"  # rows written before modes existed, and MHA rows, carry none
 
+CPU_BANNER = "CPU run (NumPy): times are CPU times"  # the report's banner on CPU runs
+
 
 def fmt_tokens(n) -> str:
     """16384 -> '16k', 1048576 -> '1M', 1000 -> '1000' (k = 1024, as in the range syntax)."""
