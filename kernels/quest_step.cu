@@ -55,7 +55,7 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
   static_assert(QS_CTAS * (ps_ring_bytes<T, D>() + 3 * 1024) <= 228 * 1024,
                 "QS_CTAS CTAs fit an H200 SM's shared memory");
   extern __shared__ __align__(128) uint4 ps_smem[];
-  __shared__ int s_page[PS_MAX_SPLIT_PAGES], s_valid[PS_MAX_SPLIT_PAGES];
+  __shared__ AttPages s_att;
   __shared__ int s_slot, s_last;
   __shared__ float s_m[ATT_WARPS], s_l[ATT_WARPS];
   grid_wait();     // the grid before may still write q, the summaries or the state
@@ -75,15 +75,16 @@ quest_step_kernel(const uint16_t* __restrict__ q, const uint16_t* __restrict__ s
     select_item<PS_NT>(s, t, ps_smem, KEYS_CAP);
     tr.ticket(t, 2, threadIdx.x == 0);
   }
+  int cur = 0;  // the buffer of s_att holding the running ticket's pages
+  bool have = false;
   while (t < s.total) {  // attention, block-uniform; the next ticket is taken after the wait
     tr.ticket(t, 0, threadIdx.x == 0);
-    int next = 0;
-    attend_item<T, D>(s, t - s.selects, ps_smem, s_page, s_valid, s_m, s_l, &s_last, next);
+    attend_item<T, D>(s, t - s.selects, have, s_att, cur, ps_smem, s_m, s_l, &s_last);
     tr.ticket(t, 2, threadIdx.x == 0);
-    if (threadIdx.x == 0) s_slot = next;
-    __syncthreads();
-    t = s_slot;
-    __syncthreads();
+    t = s_att.next;
+    have = s_att.next_ready;
+    cur ^= have;  // a prefetched ticket's pages are in the other buffer
+    __syncthreads();  // every thread has read next before the next ticket rewrites it
   }
   tr.cta(2);
   // The last CTA to finish resets the ticket, the counts and the flags for the next launch.

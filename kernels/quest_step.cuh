@@ -299,43 +299,103 @@ QP_DEVICE void combine_split(const Step& s, const St& st, int ar, int split, siz
   }
 }
 
-// Attention ticket a: split a % splits of row a / splits (KV head h, request b, q head h g + r),
-// once the row's selection is ready; the last split of a row to finish merges them (one acq_rel
-// atomic, as attention.cu).
+// Attention ticket a: split a % splits of row a / splits (KV head h, request b, q head h g + r).
+struct AttSplit {
+  int ar, split, h, b, qh, first, req_pages, nb;
+  size_t qg;
+  const int* row_sel;  // the split's positions in the row's selection
+  QP_DEVICE AttSplit(const Step& s, int a) {
+    ar = a / s.splits;
+    split = a % s.splits;
+    const int per_kv = s.batch * s.group;
+    h = ar / per_kv;
+    b = ar % per_kv / s.group;
+    qh = h * s.group + ar % s.group;
+    qg = (size_t)b * s.q_heads + qh;
+    first = __ldg(s.indptr + b);
+    req_pages = __ldg(s.indptr + b + 1) - first;
+    const int p_begin = split * s.split_pages;
+    nb = max(0, min(min(s.k_pages, req_pages), p_begin + s.split_pages) - p_begin);
+    row_sel = s.sel + ((size_t)qh * s.batch + b) * s.k_pages + p_begin;
+  }
+  QP_DEVICE int* ready(const Step& s) const { return s.ready(qh * s.batch + b); }
+};
+
+// The page ids and valid tokens of two attention tickets (the one running, the CTA's next), and
+// the CTA's next ticket: whether its pages are already in the other buffer.
+struct AttPages {
+  int page[2][PS_MAX_SPLIT_PAGES], valid[2][PS_MAX_SPLIT_PAGES];
+  int next, next_ready;
+};
+
+// Threads t0, t0 + nt, ... load the split's page ids (its selected positions, written by another
+// CTA of this launch: L2) and valid tokens; nb <= PS_MAX_SPLIT_PAGES.
+QP_DEVICE void split_pages(const Step& s, const AttSplit& x, int* page, int* valid, int t0,
+                           int nt) {
+  for (int i = t0; i < x.nb; i += nt) {
+    const int pos = __ldcg(x.row_sel + i);
+    page[i] = __ldg(s.indices + x.first + pos);
+    valid[i] = pos == x.req_pages - 1 ? __ldg(s.last_len + x.b) : 1 << s.page_shift;
+  }
+}
+
+// CTAs of more than ATT_WARPS warps prefetch: while the attention warps stream this ticket, the
+// others take the CTA's next ticket and, when its row is already selected, load its page ids
+// into the other buffer, so the next ticket starts on its K and V at once. Per ticket the chain
+// (selection, page ids, K and V, partial, merge) was about 7.5 us at 32K on an H200 (2026-12-01
+// timeline), two of its round trips the page ids'.
+constexpr bool PS_PREFETCH = PS_NT >= 2 * ATT_WARPS * 32;
+
+QP_DEVICE void prefetch_next(const Step& s, AttPages& pp, int other) {
+  constexpr int NT = PS_NT - ATT_WARPS * 32;  // the prefetching threads
+  const int pt = (int)threadIdx.x - ATT_WARPS * 32;
+  if (pt == 0) {  // the next ticket only once this one runs (its row is ready): no chained waits
+    const int n = atomicAdd(s.state, 1);
+    int ok = 0;
+    if (s.kind(n) == PS_ATTEND) ok = load_acquire(AttSplit(s, n - s.selects).ready(s)) >= 1;
+    pp.next = n;
+    pp.next_ready = ok;
+  }
+  asm volatile("bar.sync 1, %0;" :: "r"(NT) : "memory");  // the prefetching warps only
+  if (pp.next_ready)
+    split_pages(s, AttSplit(s, pp.next - s.selects), pp.page[other], pp.valid[other], pt, NT);
+}
+
+// Attention ticket a, its pages in buffer `cur` already when `have` (prefetched: its row was
+// ready then); the last split of a row to finish merges them (one acq_rel atomic, as
+// attention.cu). Leaves the CTA's next ticket in pp (visible after this returns).
 template <typename T, int D>
-QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* s_valid,
-                           float* s_m, float* s_l, int* s_last, int& next) {
+QP_DEVICE void attend_item(const Step& s, int a, bool have, AttPages& pp, int cur, uint4* ring,
+                           float* s_m, float* s_l, int* s_last) {
   using St = Tile<T, T, D, 1>;
   static_assert(!tensor_tile<T, D, 1>(), "one q head per row: the CUDA-core tile");
-  const int ar = a / s.splits, split = a % s.splits, per_kv = s.batch * s.group;
-  const int h = ar / per_kv, b = ar % per_kv / s.group, qh = h * s.group + ar % s.group;
-  const size_t qg = (size_t)b * s.q_heads + qh;
-  const int first = __ldg(s.indptr + b), req_pages = __ldg(s.indptr + b + 1) - first;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const AttSplit x(s, a);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nb = x.nb, h = x.h;
+  const int* s_page = pp.page[cur];
+  const int* s_valid = pp.valid[cur];
   const Paging<0> pg(s.page_shift);
   St st;
-  st.init(s.q + qg * D, lane, s.scale_log2, 1);  // an input: before the wait
+  st.init(s.q + x.qg * D, lane, s.scale_log2, 1);  // an input: before the wait
   if (threadIdx.x == 0) {  // the next ticket only once this one runs: a CTA waiting here on
-    wait_at_least(s.ready(qh * s.batch + b), 1);  // a later ticket would delay its block's
-    next = atomicAdd(s.state, 1);                  // selection by this wait, and so on
+    if (!have) wait_at_least(x.ready(s), 1);  // a later ticket would delay that ticket's row
+    if (!PS_PREFETCH) {                        // by this wait, and so on
+      pp.next = atomicAdd(s.state, 1);
+      pp.next_ready = 0;
+    }
   }
   __syncthreads();
   s.trace.ticket(s.selects + a, 1, threadIdx.x == 0);
-  const int p_begin = split * s.split_pages;
-  const int nb = max(0, min(min(s.k_pages, req_pages), p_begin + s.split_pages) - p_begin);
-  const int* row_sel = s.sel + ((size_t)qh * s.batch + b) * s.k_pages + p_begin;
-  for (int i = threadIdx.x; i < nb; i += PS_NT) {  // nb <= PS_MAX_SPLIT_PAGES
-    const int pos = __ldcg(row_sel + i);  // written by another CTA of this launch: L2
-    s_page[i] = __ldg(s.indices + first + pos);
-    s_valid[i] = pos == req_pages - 1 ? __ldg(s.last_len + b) : pg.size();
+  if (!have) {
+    split_pages(s, x, pp.page[cur], pp.valid[cur], threadIdx.x, PS_NT);
+    __syncthreads();
   }
-  __syncthreads();
+  if (PS_PREFETCH && warp >= ATT_WARPS) prefetch_next(s, pp, cur ^ 1);
   // Warp w takes tiles w, w + 4, ... (attention.cu's order: the same online softmax);
   // PS_STAGES - 1 tiles in flight while one is computed.
   const int tiles = (nb * pg.size() + St::TT - 1) / St::TT;
   const int mine = tiles > warp && warp < ATT_WARPS ? (tiles - warp + ATT_WARPS - 1) / ATT_WARPS
                                                     : 0;
-  uint4* wring = ring + (size_t)warp * PS_STAGES * St::STAGE;
+  uint4* wring = ring + (size_t)min(warp, ATT_WARPS - 1) * PS_STAGES * St::STAGE;
 #pragma unroll
   for (int j = 0; j < PS_STAGES - 1; ++j) {
     if (j < mine)
@@ -355,15 +415,15 @@ QP_DEVICE void attend_item(const Step& s, int a, uint4* ring, int* s_page, int* 
     st.tile(wring + (j % PS_STAGES) * St::STAGE, pg, s_valid, nb,
             (warp + j * ATT_WARPS) * St::TT, lane);
   }
-  combine_split<T, D>(s, st, ar, split, qg, ring, s_m, s_l);
+  combine_split<T, D>(s, st, x.ar, x.split, x.qg, ring, s_m, s_l);
   if (s.splits == 1) return;
   __syncthreads();  // every thread's partial is written
   if (threadIdx.x == 0) {
-    *s_last = add_acq_rel(s.split_done() + ar, 1) == s.splits - 1;
-    if (*s_last) s.split_done()[ar] = 0;
+    *s_last = add_acq_rel(s.split_done() + x.ar, 1) == s.splits - 1;
+    if (*s_last) s.split_done()[x.ar] = 0;
   }
   __syncthreads();
-  if (*s_last) merge_row<T, D>(s, ar, qg);
+  if (*s_last) merge_row<T, D>(s, x.ar, x.qg);
 }
 
 // Bytes of the attention rings (dynamic shared memory): ATT_WARPS rings of PS_STAGES stages.
