@@ -19,7 +19,9 @@
 //   attention tickets, (row, split) in the same row order, about att_waves per CTA: the CTA waits
 //     for the row's flag, takes its next ticket, runs the split's pages with attention_tile.cuh's
 //     CUDA-core tile (four warps, cp.async rings of PS_STAGES stages) and writes a partial (o,
-//     lse); the row's last split merges (as attention.cu).
+//     lse); the row's last split merges (as attention.cu). In a CTA of more than four warps the
+//     others take the next ticket meanwhile and, when its row is selected, load its page ids
+//     (32K B1 36.5 -> 31.1 us on an H200, 2026-12-01).
 // Deadlock: the estimate shares never wait; a select ticket waits only on them, an attention
 // ticket only on a select ticket taken before it, whose CTA runs it without waiting on anything
 // later; so any grid of at most one resident wave is safe (tests force 1 and 3 CTAs). A CTA
