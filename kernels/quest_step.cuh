@@ -8,7 +8,8 @@
 
 // Build options (-D at build; backends/quest_step.py's StepTuning names them, and
 // tests/quest_step_probe.py times each against the defaults, kernels/constants.cuh's PS_*):
-//   QS_THREADS   threads per CTA (attention runs on the first ATT_WARPS warps, the same bits)
+//   QS_THREADS   threads per CTA (attention runs on the first ATT_WARPS warps, the others
+//                prefetch its next ticket's page ids when there are others)
 //   QS_CTAS      resident CTAs per SM that __launch_bounds__ sizes registers for
 #ifndef QS_THREADS
 #define QS_THREADS PS_THREADS
@@ -156,8 +157,8 @@ QP_DEVICE void estimate_share(const Step& s) {
 constexpr int PS_KEYS_AT = (int(sizeof(TopkShared)) + 15) / 16;  // uint4
 
 // The scores of one row into shared-memory keys (or, keys nullptr, only waited for), each as soon
-// as its estimate ticket has stored it (a relaxed load until it is no longer PS_UNSCORED: one
-// word, written once, needs no fence), then PS_UNSCORED again in the row for the next launch.
+// as an estimate share has stored it (a relaxed load until it is no longer PS_UNSCORED: one word,
+// written once, needs no fence), then PS_UNSCORED again in the row for the next launch.
 template <int NT>
 QP_DEVICE void poll_row(float* row, int pages, uint32_t* keys) {
   constexpr int IN_FLIGHT = 16;  // a 2048-page row on 128 threads in one round
