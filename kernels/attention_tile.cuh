@@ -238,27 +238,6 @@ QP_DEVICE void ldmatrix_rows(uint32_t r[N], const uint4* buf, int t0, int c0, in
   else ldmatrix_x1(r, row);
 }
 
-// c += a (16x16, rows = q heads) * b (16x8), fp32 accumulate; float pairs -> 16-bit pairs.
-// One definition for both storage types: TY is the PTX type name (f16, bf16).
-template <typename T> struct Mma;
-#define QP_MMA(TAG, TY)                                                                       \
-  template <> struct Mma<TAG> {                                                               \
-    static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {     \
-      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
-                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                   \
-                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                           \
-                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));           \
-    }                                                                                         \
-    static QP_DEVICE uint32_t pack(float lo, float hi) {                                      \
-      uint32_t r;                                                                             \
-      asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));                    \
-      return r;                                                                               \
-    }                                                                                         \
-  };
-QP_MMA(fp16, "f16")
-QP_MMA(bf16, "bf16")
-#undef QP_MMA
-
 template <bool B, typename X, typename Y> struct Pick { using type = X; };
 template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
 

@@ -194,6 +194,28 @@ QP_DEVICE uint16_t f16_outward(double x) {
   return h;
 }
 
+// c += a (16x16) * b (16x8) on the tensor cores (mma m16n8k16), fp32 accumulate; float pairs ->
+// 16-bit pairs. attention_tile.cuh's MmaTile and estimate.cu use it.
+// One definition for both storage types: TY is the PTX type name (f16, bf16).
+template <typename T> struct Mma;
+#define QP_MMA(TAG, TY)                                                                       \
+  template <> struct Mma<TAG> {                                                               \
+    static QP_DEVICE void run(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {     \
+      asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, "  \
+                   "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                   \
+                   : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                           \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));           \
+    }                                                                                         \
+    static QP_DEVICE uint32_t pack(float lo, float hi) {                                      \
+      uint32_t r;                                                                             \
+      asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));                    \
+      return r;                                                                               \
+    }                                                                                         \
+  };
+QP_MMA(fp16, "f16")
+QP_MMA(bf16, "bf16")
+#undef QP_MMA
+
 template <typename A, typename B> constexpr bool same_tag = false;
 template <typename A> constexpr bool same_tag<A, A> = true;
 

@@ -35,7 +35,15 @@ constexpr int QP_FUSED_HEAD_DIMS[] = {64, 128};
 constexpr int QP_BOXES[] = {1, 2, 4};
 constexpr int QP_BOX_HEAD_DIMS[] = {64, 128};
 
-// estimate.cu. 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
+// estimate.cu (the bound on the tensor cores): EST_WARPS warps per block, each a run of units of
+// 16 rows; builds of EST_NTILES n-tiles of 8 q heads (1: groups up to 8, 2: up to 16), with
+// EST_NTILE_BLOCKS resident blocks per SM, the register cap ptxas sizes them by (nvcc 13.0 sm_90,
+// D 128: NT 1 fits 128 registers, NT 2 170).
+constexpr int EST_WARPS = 4;
+constexpr int EST_NTILES[] = {1, 2};
+constexpr int EST_NTILE_BLOCKS[] = {4, 3};
+
+// estimate.cuh (the CUDA-core loop of estimate_topk.cu and quest_step.cu). 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
 // flight per thread, 64-128 KB per SM, while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per
 // SM; 4 units per batch would need more than 64 registers.
 constexpr int EST_THREADS = 256;
@@ -45,8 +53,9 @@ constexpr int EST_UNROLL = 2;
 // (G 8: 16-52 B at 3).
 constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2, 2};
 
-// topk.cu: one CTA per (request, head).
+// topk.cu: one CTA per (request, head); its histograms hold 2^TK_BITS bins (topk.cuh).
 constexpr int TK_THREADS = 1024;
+constexpr int TK_BITS = 11;
 
 // attention.cu and attention_tile.cuh.
 constexpr int ATT_WARPS = 4;

@@ -5,7 +5,7 @@
 #include "common.cuh"
 
 constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (NT * 8 per chunk)
-constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;
+constexpr int TK_BINS = 1 << TK_BITS;  // TK_BITS: constants.cuh
 
 QP_DEVICE uint32_t order_key(float f) {
   if (f != f) return 0u;  // NaN ranks below -inf, last, as reference.topk's lexsort puts it

@@ -150,7 +150,7 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
         "estimate_topk all": lambda l: ops.estimate_topk(pool[l][1], pool[l][0], pages),
         "quest composed": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages),
         "quest fused": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages,
-                                           launch=launchers["quest pipeline"], fused=True),
+                                           launch=launchers["quest pipeline"], form="fused"),
         **{name: (lambda l, la=la: ops.quest(pool[l][1], pool[l][0], k_pages, launch=la))
            for name, la in launchers.items()},
         "dense": lambda l: ops.attention(pool[l][1], pool[l][0]),

@@ -50,15 +50,14 @@ CASES = {
 # slower than the best wherever they differed from it).
 DENSE = ("", "ctas=2", "ctas=1", "split=bytes,value=256k", "split=bytes,value=512k",
          "ctas=1,stages=4", "ctas=1,stages=6")
-EST16 = ("", "est16=loop")  # the estimate of a group of exactly 16 (tile 16): constant or loop
 # The sets of --tunes, stage -> QP_TUNE values. "merge" (issue 24, round 3): the wide merge of a
 # row's splits beside the old one at the default launch, at 2 CTAs per SM (twice the splits) and
 # with a 256 KiB floor (FP8's best at ab138da); sparse attention at the default launch. "rings":
-# round 2's dense variants and the G 16 estimate builds (estimate rows for a group of 16 only).
+# round 2's dense variants.
 MERGE = ("", "merge=wide", "ctas=2", "ctas=2,merge=wide", "split=bytes,value=256k",
          "split=bytes,value=256k,merge=wide")
 TUNES = {"merge": {"dense": MERGE, "attention": ("", "merge=wide")},
-         "rings": {"dense": DENSE, "estimate": EST16}}
+         "rings": {"dense": DENSE}}
 BUDGET = 2048  # tokens: sparse attention's selection (the Quest step table's budget)
 CHECK_LENGTH = 32768
 TOL = {"fp16": 1e-3, "bf16": 1e-2}  # the tests' table: ||out - ref|| / ||ref|| against float64
@@ -75,14 +74,8 @@ def config(model: str, length: int, batch: int) -> Config:
 
 
 def variants_of(m: ModelShape, tunes: str) -> list[tuple[str, str]]:
-    """(stage, QP_TUNE) pairs timed for a model from the set `tunes`: its estimate rows only for
-    a group of exactly 16 (the builds they pick), else the estimate as launched today."""
-    found = []
-    for stage, values in TUNES[tunes].items():
-        if stage == "estimate" and m.group != variants.GROUPS[-1]:
-            values = ("",)
-        found += [(stage, t) for t in values]
-    return found
+    """(stage, QP_TUNE) pairs timed for a model from the set `tunes`."""
+    return [(stage, t) for stage, values in TUNES[tunes].items() for t in values]
 
 
 def splits_of(cfg: Config, stage: str, tune: str, device: tuple[int, int]) -> str:

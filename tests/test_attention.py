@@ -101,3 +101,42 @@ def test_many_rows_long_splits(gpu, rng):
     """256 CTA rows with >1024 pages: the launcher caps a split at 512 staged pages."""
     lengths = [8 * 1040 + 3, 5, 8 * 1100, 8 * 600]
     _check(gpu, *_case(rng, lengths, 8, 64, 64, 64, "fp16"))
+
+
+@pytest.mark.parametrize("q_heads,kv_heads,mode,d,s,dtype,kv_dtype", [
+    (8, 2, "per-head", 128, 16, "fp16", None), (8, 2, "shared-max", 128, 16, "fp16", None),
+    (28, 4, "shared-mean", 128, 16, "bf16", None), (4, 4, "per-head", 64, 8, "bf16", None),
+    (16, 1, "per-head", 96, 32, "bf16", None), (8, 1, "shared-max", 64, 8, "fp16", None),
+    (32, 8, "per-head", 128, 16, "bf16", "fp8_e4m3")])
+@pytest.mark.parametrize("k_pages,sinks,window", [(6, 0, 0), (6, 1, 2), (64, 0, 0)])
+def test_rows_that_select_their_pages_equal_topk_then_attention(gpu, rng, q_heads, kv_heads,
+                                                                 mode, d, s, dtype, kv_dtype,
+                                                                 k_pages, sinks, window):
+    """Attention whose CTAs select their rows' pages (RowSelect) gives the same bits as top-K
+    then attention over its selection, for every mode and group, an FP8 cache, tails and
+    one-token requests, sinks and a window, a budget covering short requests, and (8 q heads on
+    tile 8, 14,500 pages) a row whose keys do not fit the ring (re-read from L2); the float64
+    reference agrees over the same selection."""
+    from conftest import full_plan
+    from questprof.backends import cupy as ops
+    from questprof.backends.launch_args import RowSelect
+    from questprof.core.layout import random_paged_kv
+
+    long_row = kv_heads == 1 and d == 64
+    lengths = [1, s - 1, s + 1, 37 * s + 3] + ([14_500 * s - 3] if long_row else [])
+    kv = random_paged_kv(rng, lengths, s, kv_heads, d, dtype, spare_pages=7, tail_fill=np.nan,
+                         kv_dtype=kv_dtype)
+    q = random_queries(rng, len(lengths), q_heads, d, dtype)
+    dkv, dq = gpu.put(kv), gpu.asarray(q)
+    gpu.summary(dkv, full_plan(kv))
+    scores = gpu.estimate(dq, dkv, mode)
+    sel, count = gpu.topk(scores, dkv, k_pages, sinks, window)
+    want = [gpu.to_host(x) for x in gpu.attention(dq, dkv, sel, count)]
+    poison()
+    select = RowSelect(scores, k_pages, sinks, window)
+    got = [gpu.to_host(x) for x in ops.attention(dq, dkv, select=select)]
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+    if kv_dtype is None:
+        ref_out, _ = _reference(kv, q, gpu.to_host(sel), gpu.to_host(count))
+        assert rel_err(from_storage(got[0], dtype), ref_out) < TOL[dtype]

@@ -121,7 +121,8 @@ def test_cupy_backend_holds_no_copy_of_a_kernel_constant():
             assert gone not in assigned, f"{path.name} still defines {gone}"
     text = "".join(p.read_text(encoding="utf-8") for p in LAUNCHER)
     for name in ("EST_THREADS", "TK_THREADS", "ATT_WARPS", "ATT_LOADS", "ATT_STAGES",
-                 "EST_BLOCKS_PER_SM", "QP_MEASURED_HEAD_DIMS", "QP_MEASURED_GROUPS"):
+                 "EST_BLOCKS_PER_SM", "EST_WARPS", "EST_NTILE_BLOCKS", "QP_MEASURED_HEAD_DIMS",
+                 "QP_MEASURED_GROUPS"):
         assert name in text, f"the launcher no longer uses {name}"
 
 
@@ -161,18 +162,16 @@ def test_instantiated_variants_are_the_constants(objects):
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
     assert {x[5] for x in want} == {*variants.DEEP_STAGES, *constants.load()["ATT_STAGES"]}
-    summaries = {(q, summ) for q, _, summ in variants.CACHES}
+    summaries = {(q, summ) for q, _, summ in variants.CACHES + variants.FP8_SUMMARY_CACHES}
     boxed = [(q, c) for q, c in itertools.product(("fp16", "bf16"), variants.BOXES) if c > 1]
-    tunings = [variants.Tuning(est16=e) for e in variants.EST16]  # QP_TUNE's estimate builds
-    want = {(tag[q], tag[summ], d, *variants.estimate_build(q, summ, d, g, m, 1, t), 1)
-            for (q, summ), d, g, m, t in itertools.product(summaries, dims, groups, range(3),
-                                                           tunings)}
-    want |= {(tag[q], tag[q], d, *variants.estimate_build(q, q, d, g, m, c), c)
-             for (q, c), d, g, m in itertools.product(boxed, dims, groups, range(3))
+    want = {(tag[q], tag[summ], d, variants.estimate_ntiles(g), 1)
+            for (q, summ), d, g in itertools.product(summaries, dims, groups)}
+    want |= {(tag[q], tag[q], d, variants.estimate_ntiles(g), c)
+             for (q, c), d, g in itertools.product(boxed, dims, groups)
              if variants.boxes_built(d, c)}
     assert {x[-1] for x in want} == set(variants.BOXES)
-    assert _instances(objects("estimate.cu"), "estimate_kernel") == {
-        (*x[:-2], int(x[-2]), x[-1]) for x in want}
+    assert {x[-2] for x in want} == set(variants.EST_NTILES)
+    assert _instances(objects("estimate.cu"), "estimate_kernel") == want
     caches = variants.CACHES + variants.FP8_SUMMARY_CACHES
     want = {(tag[kv], tag[summ], d, 1) for (_, kv, summ), d in itertools.product(caches, dims)}
     want |= {(tag[q], tag[q], d, c) for (q, c), d in itertools.product(boxed, dims)
@@ -198,9 +197,10 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
                                   variants.DEEP_STAGES))  # the deeper rings: bytes only
     lines += [f'std::printf("%d\\n", attention_ring_bytes<{caches[kv]}, {d}, {g}, {n}>());'
               for kv, d, g, n in deep]
+    lines.append('std::printf("%d\\n", (int)sizeof(TopkShared));')  # the in-CTA selection's state
     src = tmp_path / "ring.cu"
-    src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
-                   + "\n".join(lines) + "\n}\n")
+    src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\n#include "topk.cuh"\n'
+                   'int main() {\n' + "\n".join(lines) + "\n}\n")
     exe = tmp_path / "ring"
     build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
                            capture_output=True, text=True)
@@ -211,8 +211,11 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
     assert got == [(variants.ring_bytes(d, g, kv), variants.tile_tokens(d, g, kv))
                    for kv, d, g in pairs]
     assert max(ring for ring, _ in got) <= 96 * 1024
-    assert [int(x) for x in printed[len(pairs):]] == [variants.ring_bytes(d, g, kv, n)
-                                                       for kv, d, g, n in deep]
+    assert [int(x) for x in printed[len(pairs):-1]] == [variants.ring_bytes(d, g, kv, n)
+                                                         for kv, d, g, n in deep]
+    assert -(-int(printed[-1]) // 16) * 16 == variants.select_ring_bytes(0)
+    # every ring holds the selection state and 512 positions (a budget of 4096 tokens at page 8)
+    assert min(ring for ring, _ in got) >= variants.select_ring_bytes(512)
 
 
 def _resources(parts) -> dict[str, tuple[int, int, int]]:

@@ -37,7 +37,7 @@ DRY_RUN = [(8, 2, 128, 16, "fp16", None, None), (9, 3, 64, 8, "bf16", None, None
            (32, 8, 128, 16, "fp16", E4M3, "fp16"), (6, 2, 80, 8, "bf16", E4M3, "fp16")]
 
 
-TUNES = ("", "stages=6,est16=loop")  # the defaults, and the deep rings where they are built
+TUNES = ("", "stages=6")  # the defaults, and the deep rings where they are built
 
 
 def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):

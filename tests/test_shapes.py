@@ -139,13 +139,11 @@ def test_estimate_topk_refuses_other_head_dims(gpu, rng):
 
 
 @pytest.mark.parametrize("g", [7, 16])
-@pytest.mark.parametrize("tune", ["est16=loop", "split=bytes,value=64k", "split=tokens,value=128",
+@pytest.mark.parametrize("tune", ["split=bytes,value=64k", "split=tokens,value=128",
                                   "ctas=1", "ctas=2", "ctas=1,stages=4", "stages=6",
                                   "merge=wide", "ctas=2,merge=wide"])
 def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
-    """Every QP_TUNE choice (backends/variants.py, Tuning) gives the reference's outputs: a group
-    of 16 through the estimate build with the chunk loop (the group-constant one is the default),
-    rows cut by a floor in bytes or by tokens (splits of 8 pages: the longest row merges 5
+    """Every QP_TUNE choice (backends/variants.py, Tuning) gives the reference's outputs: rows cut by a floor in bytes or by tokens (splits of 8 pages: the longest row merges 5
     partials), 1 or 2 CTAs per SM, rings of 4 and 6 stages (D 128, tiles 8 and 16, page size at
     launch; the Quest step's sparse rows too), the wide merge of the splits; G 7 on tile 8."""
     monkeypatch.setenv("QP_TUNE", tune)

@@ -35,17 +35,21 @@ def test_the_page_size_is_a_template_argument_only_for_measured_variants():
     assert variants.page_template(64, 1, 128) == 0  # page size 128 was not timed
 
 
-@pytest.mark.parametrize("q,summ,d,g,mode,want", [
-    ("fp16", "fp16", 128, 4, 2, (4, 2, True)),     # measured: group and mode constants
-    ("bf16", "bf16", 64, 1, 1, (1, 1, True)),
-    ("fp16", "fp16", 128, 3, 1, (4, -1, False)),   # 3 on tile 4, group and mode at launch
-    ("fp16", "fp16", 128, 16, 0, (16, -1, True)),    # 16 exactly: est16=exact
-    ("bf16", "bf16", 96, 1, 2, (1, 0, True)),      # tile 1: every mode is the per-head build
-    ("bf16", "bf16", 96, 2, 2, (2, -1, True)),
-    ("bf16", "fp16", 128, 4, 0, (4, -1, False)),   # fp16 summaries of an FP8 cache
-    ("fp16", E4M3, 64, 71, 1, (16, -1, False))])
-def test_estimate_builds(q, summ, d, g, mode, want):
-    assert variants.estimate_build(q, summ, d, g, mode) == want
+@pytest.mark.parametrize("g,want", [(1, 1), (4, 1), (7, 1), (8, 1), (9, 2), (16, 2), (17, 2),
+                                    (24, 2), (71, 2), (128, 2)])
+def test_estimate_ntiles_hold_a_chunk_of_the_group(g, want):
+    """n-tiles of 8 q heads: one up to 8, two up to 16; larger groups in plan_group's chunks of
+    at most 16 (24 as 2 x 12, 71 as 5 x 15, 128 as 8 x 16)."""
+    assert variants.estimate_ntiles(g) == want
+
+
+def test_estimate_grid_is_one_resident_wave_of_warps_per_unit():
+    """A warp per unit of 16 rows x KV head, at most EST_NTILE_BLOCKS blocks per SM, >= 1."""
+    assert variants.estimate_blocks(2048, 8, 1, 4, 132) == 2048 // 16 * 8 // variants.EST_WARPS
+    assert variants.estimate_blocks(65536, 8, 1, 4, 132) == 4 * 132
+    assert variants.estimate_blocks(65536, 8, 1, 16, 132) == 3 * 132
+    assert variants.estimate_blocks(17, 1, 2, 1, 132) == 1  # 34 box rows: 3 units
+    assert variants.estimate_blocks(0, 8, 1, 1, 132) == 1
 
 
 def test_fp8_caches_take_page_sizes_at_launch_and_twice_the_tokens():
@@ -141,7 +145,7 @@ def test_split_by_tokens_and_ctas():
 
 
 @pytest.mark.parametrize("text,needle", [("split=pages", "split='pages'"),
-                                         ("split=bytes", "value"), ("est16=fast", "est16"),
+                                         ("split=bytes", "value"), ("est16=loop", "expected name=value"),
                                          ("depth=3", "expected name=value"),
                                          ("stages=5", "stages=5"), ("ctas=-1", "ctas"),
                                          ("value=lots", "whole number"),
@@ -153,15 +157,11 @@ def test_bad_tuning_is_one_line(text, needle):
 
 
 def test_tuning_is_read_from_the_environment(monkeypatch):
-    monkeypatch.setenv("QP_TUNE", "est16=loop,split=bytes,value=1m,stages=6")
+    monkeypatch.setenv("QP_TUNE", "split=bytes,value=1m,stages=6")
     t = variants.current_tuning()
-    assert (t.split, t.value, t.est16, t.stages) == ("bytes", 1 << 20, "loop", 6) and t.name == (
-        "bytes 1024K, stages 6, est16 loop")
-    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, False)
-    monkeypatch.delenv("QP_TUNE")  # the default: a group of exactly 16 is a constant
-    assert variants.estimate_build("bf16", "bf16", 128, 16, 1) == (16, -1, True)
-    assert variants.estimate_build("bf16", "bf16", 128, 15, 1) == (16, -1, False)  # masked
-    assert variants.estimate_build("bf16", "bf16", 128, 32, 1) == (16, -1, False)  # chunked
+    assert (t.split, t.value, t.stages) == ("bytes", 1 << 20, 6) and t.name == (
+        "bytes 1024K, stages 6")
+    monkeypatch.delenv("QP_TUNE")
     assert variants.current_tuning().name == "ctas auto"
 
 

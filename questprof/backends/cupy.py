@@ -4,9 +4,9 @@ Three layers per kernel: `load_kernel` (cached module of one template instance),
 after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
 current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
 Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
-backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
-top-K and attention (or, fused=True, estimate_topk and attention) with programmatic dependent
-launch (backends/pdl.py) where it is available.
+backends/constants.py, the same numbers the kernels are compiled with. `quest` chains the
+estimate and attention (whose CTAs select their pages), or one of the step's other forms
+(STEP_FORMS), with programmatic dependent launch (backends/pdl.py) where it is available.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 
 from questprof import KERNELS_DIR
 from questprof.backends import constants, variants
-from questprof.backends.launch_args import (NO_RULE, TopkRule, attention_rows, check_budget,
-                                            check_kv, check_q)
+from questprof.backends.launch_args import (NO_RULE, RowSelect, TopkRule, attention_rows,
+                                            check_budget, check_kv, check_q, select_rows)
 from questprof.backends.pdl import Launcher, PlainLaunch
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV
@@ -103,28 +103,37 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
 
 
 def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
-    """Blocks of the persistent estimate: at most one resident wave (>= 1 for nnz 0)."""
+    """Blocks of estimate_topk's persistent walk: at most one resident wave (>= 1 for nnz 0)."""
     tiles = variants.estimate_tiles(kv.head_dim, nnz * kv.kv_heads)
     blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", variants.plan_group(g).tile)
     return max(1, min(tiles, blocks_per_sm * _sm_count()))
 
 
-def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
-    """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
-    q_tag, _, summary_tag = check_kv(kv)
+def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scale=_NULL,
+                    boxes: int = 1, launch=_plain):
+    """Scores [Hs, nnz] float32 of summaries `summ` ([N, Hkv, (boxes,) 2, d], storage tag
+    tags[1] under queries of tag tags[0]; `scale` float32 [Hkv] for E4M3 summaries): the
+    estimate of plain Quest and of the selectors' forms (backends/cupy_selectors.py)."""
     check_mode(mode)
     q_heads, g = check_q(q, kv)
     nnz, d, m = int(kv.kv_indices.size), kv.head_dim, MODES.index(mode)
-    heads = q_heads if mode == "per-head" else kv.kv_heads
-    scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    tile, mode_arg, exact = variants.estimate_build(kv.dtype, kv.summary_dtype, d, g, m)
-    expr = (f"estimate_kernel<{q_tag}, {summary_tag}, {d}, {tile}, {mode_arg}, "
-            f"{str(exact).lower()}, 1>")
-    launch(load_kernel("estimate", expr, launch.defines("estimate")),
-           (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
-        q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz), _i32(g), _i32(m), _scale(kv, "k_scale"), _NULL, _i32(0)), stage="estimate")
+    scores = cupy.empty((q_heads if mode == "per-head" else kv.kv_heads, nnz), dtype=cupy.float32)
+    nt = variants.estimate_ntiles(g)
+    expr = f"estimate_kernel<{tags[0]}, {tags[1]}, {d}, {nt}, {boxes}>"
+    blocks = variants.estimate_blocks(nnz, kv.kv_heads, boxes, g, _sm_count())
+    launch(load_kernel("estimate", expr, launch.defines("estimate")), (blocks,),
+           (variants.EST_WARPS * 32,), (
+        q, summ, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
+        _i32(nnz), _i32(g), _i32(m), scale, kv.last_page_len, _i32(kv.page_size // boxes)),
+        stage="estimate")
     return scores
+
+
+def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
+    """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
+    q_tag, _, summary_tag = check_kv(kv)
+    return launch_estimate(q, kv, kv.summary, (q_tag, summary_tag), mode,
+                           _scale(kv, "k_scale"), launch=launch)
 
 
 def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain,
@@ -162,7 +171,7 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
     if d not in variants.FUSED_HEAD_DIMS or kv_tag != q_tag:
         raise ValueError(f"estimate_topk is built for 16-bit caches of head dims "
                          f"{variants.FUSED_HEAD_DIMS}, not {kv.kv_dtype} / {d}: "
-                         "quest(fused=False) runs it as three kernels")
+                         "quest(form='select') runs every head dim")
     heads = q_heads if mode == "per-head" else kv.kv_heads
     scores = cupy.empty((heads, nnz), dtype=cupy.float32)
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
@@ -181,18 +190,26 @@ def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: i
     return scores, sel, count
 
 
-def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
-    """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
+def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain, select: RowSelect | None = None):
+    """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel and
+    select are None; over `select`'s top-K of its scores, chosen by each CTA of a row, when given.
 
     count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
     """
     q_tag, kv_tag, _ = check_kv(kv)
     q_heads, g = check_q(q, kv)
-    plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
+    if select is not None:
+        plan, per_q, row_pages, k_sel = select_rows(q_heads, g, kv, select)
+    else:
+        plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
     d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
     rows = kv.batch * kv.kv_heads * plan.chunks
-    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(),
-                                    sel is None, _smem_per_sm())
+    dense = sel is None and select is None
+    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(), dense,
+                                    _smem_per_sm())
+    if select is not None and variants.select_ring_bytes(select.k_pages) > run.ring:
+        raise ValueError(f"a budget of {select.k_pages} pages does not fit the attention ring's "
+                         f"{run.ring} bytes: select with topk() first")
     splits, per_split, ring = run.splits, run.pages_per_split, run.ring
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
@@ -204,6 +221,7 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
     expr = f"attention_kernel<{q_tag}, {kv_tag}, {d}, {run.page}, {G}, {run.stages}>"
     kernel = load_kernel("attention", expr, launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
+    pick = select or RowSelect(_NULL, 0)
     launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
         q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
@@ -211,25 +229,35 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
         _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
         ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale"),
-        _i32(run.merge == "wide")), shared_mem=ring,
-        stage="attention")
+        _i32(run.merge == "wide"), pick.scores, _i32(pick.k_pages), _i32(pick.sinks),
+        _i32(pick.window)), shared_mem=ring, stage="attention")
     return out, lse
 
 
+# The forms of the Quest step quest() launches: "select" (estimate, then attention whose CTAs
+# select their rows' pages: 2 kernels), "topk" (estimate, top-K, attention: 3 kernels), "fused"
+# (estimate_topk, attention). Labels as quest_path and bench name them.
+STEP_FORMS = {"select": "2 kernels", "topk": "3 kernels", "fused": "fused"}
+
+
 def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
-          launch=_plain, fused: bool = False):
+          launch=_plain, form: str = "select"):
     """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
 
-    fused: estimate and top-K as one kernel (estimate_topk), else two (the default: faster at
-    batch 1 on an H200, figures above FUSED_KEYS_LIMIT). With a PDL `Launcher`,
-    each kernel starts while the one before drains, reading only the step's inputs (page tables,
-    q) before its grid_wait.
+    form (STEP_FORMS): how the top-K runs: inside attention's CTAs ("select", the default), as a
+    kernel of its own ("topk") or fused into the estimate ("fused"). With a PDL `Launcher`, each
+    kernel starts while the one before drains, reading only the step's inputs (page tables, q)
+    before its grid_wait.
     """
-    if fused:
+    if form not in STEP_FORMS:
+        raise ValueError(f"quest form {form!r}: expected one of {tuple(STEP_FORMS)}")
+    if form == "fused":
         _, sel, count = estimate_topk(q, kv, k_pages, mode, sinks, window, launch=launch)
-    else:
-        scores = estimate(q, kv, mode, launch=launch)
-        sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
+        return attention(q, kv, sel, count, launch=launch)
+    scores = estimate(q, kv, mode, launch=launch)
+    if form == "select":
+        return attention(q, kv, launch=launch, select=RowSelect(scores, k_pages, sinks, window))
+    sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
     return attention(q, kv, sel, count, launch=launch)
 
 
@@ -250,17 +278,19 @@ class CupyBackend:
     """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream.
 
     `quest_path` says how `quest` launches: 'pdl' (programmatic dependent launch through
-    cuda.bindings) or 'plain: <why not>' (ordinary launches), then ', fused' (estimate and top-K
-    as one kernel, `fused=True`) or ', 3 kernels'.
+    cuda.bindings) or 'plain: <why not>' (ordinary launches), then the step's form (STEP_FORMS:
+    ', 2 kernels', ', 3 kernels' or ', fused').
     """
 
     name = "cupy"
     is_gpu = True
     kv_dtypes = ("fp16", "bf16", E4M3)  # caches it runs (FP8: fp16 or e4m3 summaries)
 
-    def __init__(self, pdl: bool = True, fused: bool = False) -> None:
+    def __init__(self, pdl: bool = True, form: str = "select") -> None:
+        if form not in STEP_FORMS:
+            raise ValueError(f"quest form {form!r}: expected one of {tuple(STEP_FORMS)}")
         self.fallback_reason: str | None = None
-        self.fused = fused
+        self.form = form
         self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
         for name in ("splits_done", "rows_scored"):  # now, not inside a CUDA-graph capture
             _counts(name, 1)
@@ -273,7 +303,7 @@ class CupyBackend:
 
     @property
     def quest_path(self) -> str:
-        return f"{self._launch.path}, {'fused' if self.fused else '3 kernels'}"
+        return f"{self._launch.path}, {STEP_FORMS[self.form]}"
 
     def put(self, host_kv: PagedKV) -> PagedKV:
         return host_kv.with_arrays(cupy.asarray)
@@ -300,7 +330,7 @@ class CupyBackend:
         return attention(q, kv, sel, count)
 
     def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
-              window: int = 0, fused: bool | None = None):
-        """fused: None takes the backend's own setting."""
+              window: int = 0, form: str | None = None):
+        """form: a STEP_FORMS key; None takes the backend's own."""
         return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch,
-                     fused=self.fused if fused is None else fused)
+                     form=form or self.form)

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 import cupy
 import numpy as np
 
-from questprof.backends import constants, cupy as ops, variants
-from questprof.backends.launch_args import check_budget, check_q, form_tags, topk_rule
+from questprof.backends import cupy as ops
+from questprof.backends.launch_args import check_budget, form_tags, topk_rule
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV, to_storage
 from questprof.core.selection import fp8_box_scale
 from questprof.core.selectors import KernelForm
-from questprof.core.stages import MODES, check_mode
 
 _NULL, _i32 = np.uint64(0), np.int32
 _INF_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}  # magnitudes above are NaN
@@ -76,22 +75,8 @@ def estimate(q, kv: PagedKV, fs: FormSummary, mode: str = "per-head", launch=ops
     """Scores [Hs, nnz] float32 of a form: the largest bound of each page's boxes that hold
     keys, from boxes or FP8 summaries."""
     q_tag, _, tag = form_tags(kv, fs.form)
-    check_mode(mode)
-    q_heads, g = check_q(q, kv)
-    boxes, m = fs.form.boxes, MODES.index(mode)
-    nnz, d = int(kv.kv_indices.size), kv.head_dim
-    scores = cupy.empty((q_heads if mode == "per-head" else kv.kv_heads, nnz), dtype=cupy.float32)
-    tile, mode_arg, exact = variants.estimate_build(kv.dtype, fs.dtype, d, g, m, boxes)
-    expr = (f"estimate_kernel<{q_tag}, {tag}, {d}, {tile}, {mode_arg}, {str(exact).lower()}, "
-            f"{boxes}>")
-    tiles = variants.estimate_tiles(d, nnz * kv.kv_heads * boxes)
-    per_sm = constants.per_group("EST_BLOCKS_PER_SM", variants.plan_group(g).tile)
-    launch(ops.load_kernel("estimate", expr, launch.defines("estimate")),
-           (max(1, min(tiles, per_sm * ops._sm_count())),), (ops.EST_THREADS,), (
-        q, fs.summary, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz), _i32(g), _i32(m), _NULL if fs.scale is None else fs.scale, kv.last_page_len,
-        _i32(kv.page_size // boxes)), stage="estimate")
-    return scores
+    return ops.launch_estimate(q, kv, fs.summary, (q_tag, tag), mode,
+                               _NULL if fs.scale is None else fs.scale, fs.form.boxes, launch)
 
 
 def topk(scores, kv: PagedKV, k_pages: int, form: KernelForm, launch=ops._plain):

@@ -6,8 +6,7 @@ past g masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over the largest tile (m
 Falcon-7B's 71) is cut into ceil(g / 16) near-equal chunks, one attention CTA row each.
 Attention's shared memory and tile length follow kernels/attention_tile.cuh (Ring,
 attention_ring_bytes); tests/test_kernels_compile.py compares them with what nvcc computes.
-`Tuning`: launch choices read from QP_TUNE at each launch (splits, ring depth, the G-16
-estimate, the merge), so one process times variants side by side (tests/shapes_tuning.py).
+`Tuning`: launch choices read from QP_TUNE at each launch (splits, ring depth, the merge), so one process times variants side by side (tests/shapes_tuning.py).
 """
 
 from __future__ import annotations
@@ -27,7 +26,9 @@ MEASURED_HEAD_DIMS, MEASURED_GROUPS = _C["QP_MEASURED_HEAD_DIMS"], _C["QP_MEASUR
 MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
 FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
 BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c builds
-EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]
+EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]  # estimate.cuh's loop
+EST_WARPS, EST_NTILES = _C["EST_WARPS"], _C["EST_NTILES"]  # estimate.cu's tensor-core build
+EST_TILE_ROWS = 16  # rows (boxes of pages) of one mma tile of the estimate
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 # Deeper attention rings (QP_TUNE stages=N), built at these head dims and tiles only
 DEEP_STAGES, DEEP_HEAD_DIMS, DEEP_GROUPS = (_C[f"ATT_DEEP_{x}"] for x in ("STAGES", "HEAD_DIMS",
@@ -110,21 +111,18 @@ def boxes_built(d: int, c: int) -> bool:
     return c == 1 or (c in BOXES and d in BOX_HEAD_DIMS and c * row_lanes(d) <= 32)
 
 
-def estimate_build(q: str, summary: str, d: int, g: int, mode: int, boxes: int = 1,
-                   tuning: Tuning | None = None) -> tuple[int, int, bool]:
-    """(tile G, MODE, EXACT) of estimate_kernel for g q heads per KV head in selection mode
-    `mode` (0-2): the measured builds (the group a constant, one per mode; one box per page);
-    tile 1 its per-head build (one q head per KV head: every mode gives the same scores); tile 2
-    its group a constant, the mode from the launch (-1); a group of exactly 16 with one box its
-    group a constant when `tuning.est16` is "exact"; larger tiles both from the launch."""
-    tile = plan_group(g).tile
-    if boxes == 1 and q == summary and measured(d, tile) and g == tile:
-        return tile, mode, True
-    if tile <= 2:
-        return tile, 0 if tile == 1 else -1, True
-    if boxes == 1 and g == tile == GROUPS[-1] and (tuning or current_tuning()).est16 == "exact":
-        return tile, -1, True
-    return tile, -1, False
+def estimate_ntiles(g: int) -> int:
+    """NT of estimate_kernel for g q heads per KV head: n-tiles of 8 q heads that hold one chunk
+    of the group (chunks of at most 16, plan_group)."""
+    return -(-plan_group(g).chunk_size // 8)
+
+
+def estimate_blocks(nnz: int, kv_heads: int, boxes: int, g: int, sms: int) -> int:
+    """Blocks of estimate_kernel: a warp per unit of EST_TILE_ROWS rows x KV head, at most one
+    resident wave (EST_NTILE_BLOCKS per SM), >= 1 for nnz 0."""
+    units = -(-nnz * boxes // EST_TILE_ROWS) * kv_heads
+    per_sm = _C["EST_NTILE_BLOCKS"][EST_NTILES.index(estimate_ntiles(g))]
+    return max(1, min(-(-units // EST_WARPS), per_sm * sms))
 
 
 def _pieces(d: int, kv: str) -> int:
@@ -166,14 +164,21 @@ def static_bytes(d: int, tile: int, kv: str = "fp16") -> int:
         words += ATT_WARPS * tile * d
     return -(-4 * words // 128) * 128
 
+def select_ring_bytes(k_pages: int) -> int:
+    """Ring bytes attention's in-CTA selection needs before its keys (kernels/attention.cu):
+    topk.cuh's TopkShared (2^TK_BITS bins, 64 warp sums, 3 words of state) and k_pages
+    positions, each rounded up to 16 bytes."""
+    state = 4 * ((1 << _C["TK_BITS"]) + 64 + 3)
+    return -(-state // 16) * 16 + -(-4 * k_pages // 16) * 16
+
+
 def estimate_tiles(d: int, units: int) -> int:
-    """Tiles of the estimate's walk over `units` (page, KV head) units: EST_UNROLL batches of one
-    unit per row_lanes(d) lanes."""
+    """Tiles of estimate.cuh's walk (estimate_topk.cu) over `units` (page, KV head) units:
+    EST_UNROLL batches of one unit per row_lanes(d) lanes."""
     return -(-units // (EST_UNROLL * (EST_THREADS // row_lanes(d))))
 
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
-EST16 = ("loop", "exact")
 MERGES = ("auto", "old", "wide")  # attention's merge of a row's splits (attention_merge.cuh)
 # auto: wide for dense rows of >= 16 splits (H200, 32K B1, commit 7e54a70: Qwen2.5-7B 33.4 ->
 # 29.3 us, FP8 29.5 -> 27.5; sparse rows of 2-9 splits lost 0.7-1.1 us with it)
@@ -195,8 +200,6 @@ class Tuning:
     the CTAs whose shared memory fits on an SM.
     stages: depth of attention's per-warp rings; 0 = the tile's ATT_STAGES. A depth is built
     (ATT_DEEP_*) at head dim 128 for tiles 4, 8 and 16; elsewhere the tile's own depth is used.
-    est16: a group of exactly 16 q heads: "exact" (its group a compile-time constant: 20.6 ->
-    15.2 us on an H200, 128 q / 8 KV at 32K) or "loop" (group and chunk loop from the launch).
     merge: a row's last split merges: "old" (dependent rounds of loads), "wide" (every lse, then
     float4 partials, independent loads) or "auto" (wide for dense rows of >= WIDE_MERGE_SPLITS).
     """
@@ -204,15 +207,12 @@ class Tuning:
     split: str = "ctas"
     ctas: int = 0
     value: int = 0
-    est16: str = "exact"
     stages: int = 0
     merge: str = "auto"
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
             raise ValueError(f"QP_TUNE split={self.split!r}: expected one of {SPLIT_RULES}")
-        if self.est16 not in EST16:
-            raise ValueError(f"QP_TUNE est16={self.est16!r}: expected one of {EST16}")
         if self.merge not in MERGES:
             raise ValueError(f"QP_TUNE merge={self.merge!r}: expected one of {MERGES}")
         if self.stages and self.stages not in STAGES:
@@ -229,7 +229,6 @@ class Tuning:
         split = (ctas if self.split == "ctas" else
                  f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
         return (split + (f", stages {self.stages}" if self.stages else "")
-                + ("" if self.est16 == "exact" else f", est16 {self.est16}")
                 + ("" if self.merge == "auto" else f", merge {self.merge}"))
 
 

@@ -1,0 +1,53 @@
+"""One line per case of a `questprof bench` results directory: each stage's time (us per layer,
+its read ratio to the run's ceiling), the Quest step in each of our forms, dense (ours, torch
+SDPA) and the speedup of our default step against the fastest dense.
+
+    python tools/bench_summary.py DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+FORMS = (("quest", "ours"), ("quest", "ours-2-kernels"), ("quest", "ours-3-kernels"),
+         ("quest", "ours-fused"), ("quest", "ours-persistent"))
+COLUMNS = (("estimate", "ours"), ("topk", "ours"), ("attention", "ours"), *FORMS,
+           ("dense", "ours"), ("dense", "torch-sdpa"))
+
+
+def main(path: str) -> None:
+    folder = Path(path)
+    if (folder / "rows.json").is_file():
+        rows = json.loads((folder / "rows.json").read_text(encoding="utf-8"))
+    else:  # a run cut short: the cases it finished
+        rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    cases: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["model"], r["length"], r["batch"], r["mode"])
+        cases.setdefault(key, {})[(r["stage"], r.get("impl"))] = r
+    head = " ".join(f"{s[:5]}:{i.removeprefix('ours-')[:6]}" for s, i in COLUMNS)
+    print(f"{'case':<36} {head} speedup")
+    for (m, length, batch, mode), got in cases.items():
+        cells = []
+        for key in COLUMNS:
+            r = got.get(key)
+            if not r or not r.get("median_ms"):
+                cells.append("-")
+                continue
+            us = f"{r['median_ms'] * 1e3:.1f}"
+            ratio = r.get("ratio")
+            cells.append(us + (f"({ratio:.2f})" if ratio and key[0] == "estimate" else ""))
+        ours = got.get(("quest", "ours")) or {}
+        speed = ours.get("speedup")
+        if speed is None and ours.get("median_ms"):  # rows.jsonl: before add_speedups
+            dense = [r["median_ms"] for (s, _), r in got.items() if s == "dense"
+                     and r.get("median_ms")]
+            speed = min(dense) / ours["median_ms"] if dense else None
+        print(f"{m[:16]:<16} {length // 1024:>4}K B{batch} {mode[:11]:<11} " + " ".join(cells)
+              + (f" {speed:.2f}x" if speed else " -"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
