@@ -22,16 +22,8 @@
 // computed left no loads in flight during the math: 0.74). Only valid slots of the tail page are
 // fetched (zero-size copies elsewhere) and their scores are set to -inf, so NaN or huge values in
 // unused slots never reach the math. Scores are kept in log2 units (scaled by log2(e)/sqrt(D));
-// lse is returned in natural log.
-//
-// A row may also select its own pages (`scores` given, sel nullptr): each CTA of the row runs
-// top-K over the row's scores (topk.cuh's select_row, the same pages as topk.cu, ties included)
-// in its ring's bytes before the ring fills, then takes its split of the chosen positions. The
-// Quest step is then two launches (estimate, attention), not three: a row's splits repeat a
-// selection that costs microseconds, where a top-K launch between them cost its own ramp and drain
-// plus a dependent round trip. Figures and history: notes/KERNELS.md.
+// lse is returned in natural log. Figures and history: notes/KERNELS.md.
 #include "attention_merge.cuh"
-#include "topk.cuh"
 
 // The row's place and page tables: inputs of the step, ready before the grid before ends. Rows
 // of a request: KV head j / chunks, chunk j % chunks of chunk_size q heads (the last one shorter).
@@ -100,31 +92,6 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, 
   }
 }
 
-// The row's selection made in this CTA (scores [Hs, nnz] given): the chosen positions of the
-// row's pages in ascending order (-1 padded to k_pages) in the ring's bytes, after the top-K state
-// (topk.cuh's TopkShared); the row's keys follow when they fit in `ring_bytes` (else select_row
-// re-reads the scores from L2). Not inlined, so one copy serves every attention build of a
-// translation unit (code size, compile time), and called first, before anything else of the CTA
-// is live: a call keeps live registers in local memory (spills of 8-16 bytes otherwise).
-QP_DEVICE constexpr int select_state_bytes() { return (int(sizeof(TopkShared)) + 15) / 16 * 16; }
-__device__ __noinline__ int* select_in_cta(const float* scores, const int* indptr,
-                                           const int* last_len, int batch, int q_heads,
-                                           int kv_heads, int chunks, int chunk_size,
-                                           int sel_per_q, int k_pages, int sinks, int window,
-                                           uint4* ring, int ring_bytes) {
-  const RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, chunks, chunk_size, sel_per_q);
-  char* base = reinterpret_cast<char*>(ring);
-  int* chosen = reinterpret_cast<int*>(base + select_state_bytes());
-  const int keys_at = select_state_bytes() + (k_pages * 4 + 15) / 16 * 16;
-  uint32_t* keys = keys_at + r.req_pages * 4 <= ring_bytes
-                       ? reinterpret_cast<uint32_t*>(base + keys_at) : nullptr;
-  const float* row = scores + (size_t)r.sel_head * __ldg(indptr + batch) + r.indptr_b;
-  select_row<ATT_WARPS * 32>(row, keys, r.req_pages, k_pages, sinks, window, chosen,
-                             *reinterpret_cast<TopkShared*>(base));
-  __syncthreads();  // chosen is read by every thread next
-  return chosen;
-}
-
 // The variants timed on the H200 (fp16 / bf16 caches at measured_variant's head dims and tiles).
 template <typename T, typename KV, int D, int G>
 constexpr bool measured_build = same_tag<T, KV> && measured_variant(D, G);
@@ -171,9 +138,7 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
 // tables of constants.cuh) a deeper one; the launcher sizes the dynamic shared memory for it and
 // plans the CTAs per SM it leaves room for (backends/variants.py, attention_launch).
 // merge: 1 = the wide merge of the splits (QP_TUNE merge=wide) where its scratch fits the ring,
-// 0 = the old one (attention_merge.cuh). scores [Hs, nnz] (with sel nullptr): each CTA selects
-// its row's k_pages pages first (sinks, window reserved), k_sel = k_pages; the launcher keeps the
-// state and positions within the ring (backends/variants.py, select_ring_bytes).
+// 0 = the old one (attention_merge.cuh).
 template <typename T, typename KV, int D, int S, int G, int NS>
 __global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
 attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
@@ -185,8 +150,7 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
                  uint16_t* __restrict__ out, float* __restrict__ lse, float* __restrict__ ws_o,
                  float* __restrict__ ws_lse, int* __restrict__ row_done,
                  const float* __restrict__ k_scale, const float* __restrict__ v_scale,
-                 int merge, const float* __restrict__ scores, int k_pages, int sinks,
-                 int window) {
+                 int merge) {
   using St = Tile<T, KV, D, G>;
   static_assert(NS >= 2, "a ring holds the tile computed and at least one in flight");
   const Paging<S> pg(page_shift);
@@ -197,17 +161,8 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
   __shared__ int s_page[ATT_MAX_PAGES], s_valid[ATT_MAX_PAGES];
   constexpr int PER_THREAD = ATT_MAX_PAGES / (ATT_WARPS * 32);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // A row that selects its own pages does so first (scores from the grid before).
-  int* chosen = nullptr;
-  if (scores) {
-    grid_wait();
-    grid_release();
-    chosen = select_in_cta(scores, indptr, last_len, batch, q_heads, kv_heads, chunks, chunk_size,
-                           sel_per_q, k_pages, sinks, window, att_ring,
-                           attention_ring_bytes<KV, D, G, NS>());
-  }
-  // Otherwise, before grid_wait, only the step's inputs (page tables, q): under programmatic
-  // dependent launch this runs while top-K still selects. The selection and its count come after.
+  // Before grid_wait, only the step's inputs (page tables, q): under programmatic dependent
+  // launch this runs while top-K still selects. The selection and its count come after.
   RowPlan r = plan_row(indptr, last_len, q_heads, kv_heads, chunks, chunk_size, sel_per_q);
   St st;
   float o_scale = 1.f;
@@ -216,10 +171,8 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
     o_scale = v_scale[r.kv_head] * E4M3_UNIT;
   }
   st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2, r.nq);
-  if (!scores) {
-    grid_wait();
-    grid_release();  // empty in quest()'s build (the next layer's estimate launches as this ends)
-  }
+  grid_wait();
+  grid_release();  // empty in quest()'s build (the next layer's estimate launches as this ends)
   // The split's positions and the row's count load together (L2 loads: the grid before wrote
   // them), so the chain to the first KV byte is positions | count -> page ids -> KV.
   const int splits = gridDim.x, p_begin = blockIdx.x * pages_per_split;
@@ -228,10 +181,8 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
 #pragma unroll
   for (int u = 0; u < PER_THREAD; ++u) {
     const int i = threadIdx.x + u * ATT_WARPS * 32, p = p_begin + i;
-    pos[u] = chosen ? (i < pages_per_split && p < k_pages ? chosen[p] : p)
-                    : row_sel && i < pages_per_split && p < k_sel ? __ldcg(row_sel + p) : p;
+    pos[u] = row_sel && i < pages_per_split && p < k_sel ? __ldcg(row_sel + p) : p;
   }
-  if (chosen) r.row_pages = min(k_pages, r.req_pages);
   if (sel) r.row_pages = __ldcg(count + (count_per_head ? (size_t)r.sel_head * batch + r.b : r.b));
   const int nb = max(0, min(r.row_pages, p_begin + pages_per_split) - p_begin);  // <= ATT_MAX_PAGES
 #pragma unroll

@@ -24,10 +24,6 @@ constexpr int QP_PAGE_SIZES[] = {8, 16, 32, 64, 128};
 constexpr int QP_MEASURED_HEAD_DIMS[] = {64, 128};
 constexpr int QP_MEASURED_GROUPS[] = {1, 2, 4, 8};
 constexpr int QP_MEASURED_PAGE_SIZES[] = {8, 16, 32, 64};
-// estimate_topk.cu (the fused form of the step, not quest()'s default) is built for these head
-// dims only: each build inlines a whole top-K, and the other head dims would add 6 minutes of
-// nvcc to CI. quest(fused=False) runs every head dim.
-constexpr int QP_FUSED_HEAD_DIMS[] = {64, 128};
 // Boxes per page of the summary and estimate (1: Quest; 2 and 4: quest-boxes:c, c boxes of S / c
 // consecutive tokens each). A page's boxes are scored by consecutive lane groups of one warp, so
 // c boxes are built where c x row_lanes(D) <= 32 (boxes_built), for these head dims only (each
@@ -43,9 +39,10 @@ constexpr int EST_WARPS = 4;
 constexpr int EST_NTILES[] = {1, 2};
 constexpr int EST_NTILE_BLOCKS[] = {4, 3};
 
-// estimate.cuh (the CUDA-core loop of estimate_topk.cu and quest_step.cu). 256 threads; 2 units per batch: with the double buffer 2-4 units (64-128 B) are in
-// flight per thread, 64-128 KB per SM, while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per
-// SM; 4 units per batch would need more than 64 registers.
+// estimate.cuh (the CUDA-core loop of quest_step.cu's estimate shares). 256 threads; 2 units per
+// batch: with the double buffer 2-4 units (64-128 B) are in flight per thread, 64-128 KB per SM,
+// while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per SM; 4 units per batch would need
+// more than 64 registers.
 constexpr int EST_THREADS = 256;
 constexpr int EST_UNROLL = 2;
 // Resident blocks per SM, the register cap the launcher sizes its one wave by. nvcc 13.0 sm_90:
@@ -53,9 +50,10 @@ constexpr int EST_UNROLL = 2;
 // (G 8: 16-52 B at 3).
 constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2, 2};
 
-// topk.cu: one CTA per (request, head); its histograms hold 2^TK_BITS bins (topk.cuh).
+// topk.cu: one CTA of TK_THREADS per (request, head); builds of every TK_THREAD_OPTIONS entry,
+// which QP_TUNE tk_threads picks at launch (backends/variants.py).
 constexpr int TK_THREADS = 1024;
-constexpr int TK_BITS = 11;
+constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
 
 // attention.cu and attention_tile.cuh.
 constexpr int ATT_WARPS = 4;

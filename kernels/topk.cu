@@ -14,15 +14,16 @@
 // Bins over the row's own range spread the keys, so plain shared atomics do: fixed 8-bit digits
 // from the top of the key needed 4 passes and warp-aggregated atomics (scores share their top
 // bits), 16.9 us against 9.0-9.6 us now for 8192 pages x 32 heads on an H200 (notes/KERNELS.md).
-// The device code is in topk.cuh, shared with estimate_topk.cu. Dynamic budgets (quest-gap,
+// The device code is in topk.cuh, shared with quest_step.cu. Dynamic budgets (quest-gap,
 // quest-topp) select K_max pages so, then keep a data-dependent count of them per row
 // (dynamic_select in topk.cuh).
 #include "topk.cuh"
 
-// grid (B, Hs); dynamic shared memory = pages * 4 bytes when `cached`, at least k_pages * 16
-// for a dynamic budget (rule, DynamicRule in topk.cuh): count is then [Hs, B], one per row, else
-// [B].
-extern "C" __global__ void __launch_bounds__(TK_THREADS)
+// grid (B, Hs), NT threads (TK_THREAD_OPTIONS); dynamic shared memory = pages * 4 bytes when
+// `cached`, at least k_pages * 16 for a dynamic budget (rule, DynamicRule in topk.cuh): count is
+// then [Hs, B], one per row, else [B].
+template <int NT>
+__global__ void __launch_bounds__(NT)
 topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
             int* __restrict__ sel, int* __restrict__ count, int batch, int nnz, int k_pages,
             int sinks, int window, int cached, int rule, double param, double scaling) {
@@ -37,10 +38,22 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
   if (rule == RULE_FIXED && h == 0 && threadIdx.x == 0) count[b] = min(k_pages, pages);
   const float* row = scores + (size_t)h * nnz + start;
   int* out = sel + ((size_t)h * batch + b) * k_pages;
-  select_row<TK_THREADS>(row, cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages,
-                         sinks, window, out, sh);
+  select_row<NT>(row, cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages, sinks,
+                 window, out, sh);
   if (rule == RULE_FIXED) return;
-  const int n = dynamic_select<TK_THREADS>(row, pages, k_pages, {rule, param, scaling}, out, dyn,
-                                           sh);
+  const int n = dynamic_select<NT>(row, pages, k_pages, {rule, param, scaling}, out, dyn, sh);
   if (threadIdx.x == 0) count[(size_t)h * batch + b] = n;
 }
+
+#ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
+#include "instantiate.cuh"
+namespace qp_instantiate {
+// Every thread count once (CI's head-dim parts build it in the first one only).
+struct Topk {
+  template <int NT> static void run() {
+    if constexpr (builds_head_dim(QP_HEAD_DIMS[0])) (void)&topk_kernel<NT>;
+  }
+};
+void topk_all() { Cross<Topk>::run<TK_THREAD_OPTIONS>(); }
+}  // namespace qp_instantiate
+#endif

@@ -1,11 +1,11 @@
 // Top-K page selection of one row, by one CTA of NT threads: the device code of topk.cu (a CTA of
-// TK_THREADS per row) and of estimate_topk.cu (the estimate's CTAs select the rows they finish).
+// TK_THREAD_OPTIONS threads per row) and of quest_step.cu (its select tickets).
 // The algorithm and its figures: the comment at the top of topk.cu.
 #pragma once
 #include "common.cuh"
 
 constexpr int TK_ITEMS = 8;  // positions per thread in one compaction chunk (NT * 8 per chunk)
-constexpr int TK_BINS = 1 << TK_BITS;  // TK_BITS: constants.cuh
+constexpr int TK_BITS = 11, TK_BINS = 1 << TK_BITS;
 
 QP_DEVICE uint32_t order_key(float f) {
   if (f != f) return 0u;  // NaN ranks below -inf, last, as reference.topk's lexsort puts it

@@ -118,15 +118,14 @@ def read_ceiling_gbs(repeats: int = 10) -> float:
 
 
 VARIANTS = {  # PDL launch variants of quest()'s default step (estimate, top-K, attention): (stages
-    # launched with the attribute, stages releasing early); "quest fused": the pipeline's
-    # launches of estimate_topk and attention
+    # launched with the attribute, stages releasing early)
     "pipeline": (STAGES, ops.QUEST_EARLY_RELEASE),  # what CupyBackend.quest runs
     "pdl all-early": (STAGES, STAGES),
     "pdl end-release": (STAGES, ()),
     "pdl no-estimate": (("topk", "attention"), ("topk",)),
 }
-NAMES = ("estimate", "topk", "attention", "estimate_topk", "estimate_topk all", "quest composed",
-         *(f"quest {v}" for v in VARIANTS), "quest fused", "dense", "torch SDPA")
+NAMES = ("estimate", "topk", "attention", "quest composed", *(f"quest {v}" for v in VARIANTS),
+         "dense", "torch SDPA")
 
 
 def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> dict:
@@ -145,12 +144,7 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
         "estimate": lambda l: ops.estimate(pool[l][1], pool[l][0]),
         "topk": lambda l: ops.topk(scores[l], pool[l][0], k_pages),
         "attention": lambda l: ops.attention(pool[l][1], pool[l][0], *picks[l]),
-        "estimate_topk": lambda l: ops.estimate_topk(pool[l][1], pool[l][0], k_pages),
-        # every page chosen: the fused kernel's estimate and counting without a selection
-        "estimate_topk all": lambda l: ops.estimate_topk(pool[l][1], pool[l][0], pages),
         "quest composed": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages),
-        "quest fused": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages,
-                                           launch=launchers["quest pipeline"], form="fused"),
         **{name: (lambda l, la=la: ops.quest(pool[l][1], pool[l][0], k_pages, launch=la))
            for name, la in launchers.items()},
         "dense": lambda l: ops.attention(pool[l][1], pool[l][0]),
@@ -158,7 +152,7 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
     row = {name: _time(run, layers, repeats) for name, run in runs.items()}
     row["path"] = {name: la.path for name, la in launchers.items()}
     row["layers"] = layers
-    kernel = ops.load_kernel("topk", "topk_kernel")
+    kernel = ops.load_kernel("topk", "topk_kernel<1024>")
     row["ptx"] = (kernel.ptx_version, kernel.binary_version)
     del pool, scores, picks
     cupy.get_default_memory_pool().free_all_blocks()

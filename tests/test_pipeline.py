@@ -12,7 +12,7 @@ from questprof.core import reference
 from questprof.core.layout import from_storage, random_queries
 from questprof.core.stages import MODES
 
-STAGES = ("estimate", "topk", "estimate_topk", "attention")  # backends.pdl.STAGES (needs CuPy)
+STAGES = ("estimate", "topk", "attention")  # backends.pdl.STAGES (needs CuPy)
 
 on_gpu = pytest.mark.gpu
 
@@ -94,11 +94,7 @@ def test_quest_path_is_reported(gpu, rng):
                 and int(cupy.cuda.Device().compute_capability) >= 90)
     path, form = gpu.quest_path.rsplit(", ", 1)
     assert path == "pdl" if pdl_here else path.startswith("plain: ")
-    assert form == "2 kernels"  # the default: attention's CTAs select their pages
-    from questprof.backends.cupy import CupyBackend
-
-    assert CupyBackend(form="fused").quest_path.endswith(", fused")
-    assert CupyBackend(form="topk").quest_path.endswith(", 3 kernels")
+    assert form == "3 kernels"
 
 
 @on_gpu
@@ -141,8 +137,8 @@ VARIANTS = [(STAGES, STAGES), (STAGES, ()), (STAGES, ("topk",)),
 @on_gpu
 @pytest.mark.parametrize("stages,early", VARIANTS)
 def test_launch_variants_give_the_same_bits(rng, stages, early):
-    """Every PDL variant (which stages carry the attribute, which release early) of every form of
-    the step = the default form launched plain."""
+    """Every PDL variant (which stages carry the attribute, which release early) of the step =
+    the step launched plain."""
     from questprof.backends import cupy as ops
     from questprof.backends.pdl import Launcher
 
@@ -151,32 +147,29 @@ def test_launch_variants_give_the_same_bits(rng, stages, early):
     dev_kv, dev_q = ops.CupyBackend().put(kv), ops.cupy.asarray(q)
     for mode in MODES:
         want = [ops.cupy.asnumpy(x) for x in ops.quest(dev_q, dev_kv, 16, mode)]
-        for form in ops.STEP_FORMS:
-            got = [ops.cupy.asnumpy(x) for x in ops.quest(dev_q, dev_kv, 16, mode, launch=launch,
-                                                          form=form)]
-            np.testing.assert_array_equal(got[0], want[0])
-            np.testing.assert_array_equal(got[1], want[1])
+        got = [ops.cupy.asnumpy(x) for x in ops.quest(dev_q, dev_kv, 16, mode, launch=launch)]
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
     plain = ops.CupyBackend(pdl=False)
     assert plain.quest_path.startswith("plain: ")
 
 
 @on_gpu
-@pytest.mark.parametrize("form", ["select", "topk", "fused"])
-def test_graph_capture_of_steps_equals_eager(gpu, rng, form):
-    """Several steps captured in one CUDA graph (PDL edges inside) replay to the eager result;
-    fused, each replay needs the row counts the last one left at zero."""
+def test_graph_capture_of_steps_equals_eager(gpu, rng):
+    """Several steps captured in one CUDA graph (PDL edges inside) replay to the eager result
+    (each replay needs the row counts attention's last splits left at zero)."""
     import cupy
 
     layers = [_case(rng, [16 * 400 + 5, 33], 16, 8, 8, 128, "fp16") for _ in range(3)]
     dev = [(gpu.put(kv), gpu.asarray(q)) for kv, q in layers]
-    eager = [[gpu.to_host(x) for x in gpu.quest(q, kv, 32, form=form)] for kv, q in dev]
+    eager = [[gpu.to_host(x) for x in gpu.quest(q, kv, 32)] for kv, q in dev]
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for kv, q in dev:  # compile and fill the pool before the capture
-            gpu.quest(q, kv, 32, form=form)
+            gpu.quest(q, kv, 32)
         stream.synchronize()
         stream.begin_capture()
-        outs = [gpu.quest(q, kv, 32, form=form) for kv, q in dev]
+        outs = [gpu.quest(q, kv, 32) for kv, q in dev]
         graph = stream.end_capture()
         for _ in range(3):  # replays back to back: each must see the last one's counters reset
             for x in outs:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from questprof.backends import variants
+from questprof.backends import constants, variants
 from questprof.core import config
 from questprof.core.fp8 import E4M3
 
@@ -50,6 +50,17 @@ def test_estimate_grid_is_one_resident_wave_of_warps_per_unit():
     assert variants.estimate_blocks(65536, 8, 1, 16, 132) == 3 * 132
     assert variants.estimate_blocks(17, 1, 2, 1, 132) == 1  # 34 box rows: 3 units
     assert variants.estimate_blocks(0, 8, 1, 1, 132) == 1
+
+
+def test_estimate_shared_memory_fits_its_blocks_per_sm():
+    """q's fragments per warp (d / 16 words per lane and n-tile) at the blocks per SM the grid
+    plans for fit an H200's 227 KiB per block and 228 KiB per SM."""
+    per_sm = dict(zip(variants.EST_NTILES, constants.load()["EST_NTILE_BLOCKS"]))
+    assert variants.estimate_shared_bytes(128, 4) == 4 * 1 * 8 * 512
+    for d in variants.HEAD_DIMS:
+        for g in (1, 8, 9, 16, 71):
+            smem = variants.estimate_shared_bytes(d, g)
+            assert smem * per_sm[variants.estimate_ntiles(g)] <= variants.SMEM_PER_SM, (d, g)
 
 
 def test_fp8_caches_take_page_sizes_at_launch_and_twice_the_tokens():
@@ -258,3 +269,17 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     out = subprocess.run([str(tmp_path / "scratch")], capture_output=True, text=True, check=True)
     assert [int(x) for x in out.stdout.split()] == [variants.merge_scratch(s, d, g)
                                                     for d, g, s in cases]
+
+
+def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
+    """The launch plans tests/test_shapes.py runs on a GPU (FEW_ROWS), checked here on a CPU so
+    that a launch-rule change fails in CI, not on the next GPU run: 5 dense rows of 38 pages at
+    head dim 128, 1 CTA per SM for tiles >= FEW_ROW_TILE over a 16-bit cache, 2 for tile 4."""
+    from test_shapes import FEW_ROWS
+
+    for g, dtype, fp8, tune, ctas in FEW_ROWS:
+        monkeypatch.setenv("QP_TUNE", tune)
+        tile = variants.plan_group(g).tile
+        run = variants.attention_launch(5, 38, 128, tile, 16, E4M3 if fp8 else dtype, 132)
+        assert run.ctas == ctas, (g, dtype, fp8, tune)
+        assert run.stages == (int(tune[-1]) if tune else constants.per_group("ATT_STAGES", tile))

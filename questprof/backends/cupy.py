@@ -4,9 +4,8 @@ Three layers per kernel: `load_kernel` (cached module of one template instance),
 after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
 current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
 Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
-backends/constants.py, the same numbers the kernels are compiled with. `quest` chains the
-estimate and attention (whose CTAs select their pages), or one of the step's other forms
-(STEP_FORMS), with programmatic dependent launch (backends/pdl.py) where it is available.
+backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
+top-K and attention with programmatic dependent launch (backends/pdl.py) where it is available.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ import numpy as np
 
 from questprof import KERNELS_DIR
 from questprof.backends import constants, variants
-from questprof.backends.launch_args import (NO_RULE, RowSelect, TopkRule, attention_rows,
-                                            check_budget, check_kv, check_q, select_rows)
+from questprof.backends.launch_args import (NO_RULE, TopkRule, attention_rows, check_budget,
+                                            check_kv, check_q)
 from questprof.backends.pdl import Launcher, PlainLaunch
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV
@@ -28,19 +27,8 @@ from questprof.core.stages import MODES, check_mode
 
 _C = constants.load()
 GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
-EST_THREADS = _C["EST_THREADS"]
-TK_THREADS = _C["TK_THREADS"]
 ATT_WARPS = _C["ATT_WARPS"]
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
-# Why quest() runs estimate and top-K as two kernels by default. H200, us per layer, MHA 32 heads,
-# d 128, page 16 (tests/pipeline_bench.py, one call): estimate_topk 19.4 / 54.7 / 77.5 against
-# estimate + topk alone 19.5 / 45.5 / 80.1, and the whole step 32.8 / 77.0 / 143.6 fused against
-# 32.3 / 66.3 / 146.0 (32K-2048 B1 / 128K-4096 B1 / 32K-2048 B8). The rows all finish when the
-# estimate ends, and selecting one row is a serial chain of ~5 us on one block, as long as the
-# top-K kernel's cost in the pipeline; the head-major walk adds 2.3-4.2 us to the estimate.
-# estimate_topk's rows up to 8192 pages keep their keys in shared memory: with the 9.3 KiB of
-# static shared memory, 4 blocks of 256 per SM (G 1-2) take 4 x 41.3 KiB of the 227 KiB.
-FUSED_KEYS_LIMIT = 32 * 1024
 # Stages of quest() whose kernels release the next grid right after their own grid_wait; the
 # others let it launch as they end. H200, us per layer (MHA 32K-2048 / 128K-4096 / 32K B8): plain
 # launches 33.2 / 67.6 / 148.5; PDL releasing early in all three 36.0 / 73.5 / 150.9; in top-K
@@ -102,13 +90,6 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
                                   _scale(kv, "k_scale")))
 
 
-def _estimate_grid(kv: PagedKV, nnz: int, g: int) -> int:
-    """Blocks of estimate_topk's persistent walk: at most one resident wave (>= 1 for nnz 0)."""
-    tiles = variants.estimate_tiles(kv.head_dim, nnz * kv.kv_heads)
-    blocks_per_sm = constants.per_group("EST_BLOCKS_PER_SM", variants.plan_group(g).tile)
-    return max(1, min(tiles, blocks_per_sm * _sm_count()))
-
-
 def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scale=_NULL,
                     boxes: int = 1, launch=_plain):
     """Scores [Hs, nnz] float32 of summaries `summ` ([N, Hkv, (boxes,) 2, d], storage tag
@@ -121,11 +102,13 @@ def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scal
     nt = variants.estimate_ntiles(g)
     expr = f"estimate_kernel<{tags[0]}, {tags[1]}, {d}, {nt}, {boxes}>"
     blocks = variants.estimate_blocks(nnz, kv.kv_heads, boxes, g, _sm_count())
-    launch(load_kernel("estimate", expr, launch.defines("estimate")), (blocks,),
-           (variants.EST_WARPS * 32,), (
+    smem = variants.estimate_shared_bytes(d, g)
+    kernel = load_kernel("estimate", expr, launch.defines("estimate"))
+    kernel.max_dynamic_shared_size_bytes = smem
+    launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (
         q, summ, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
         _i32(nnz), _i32(g), _i32(m), scale, kv.last_page_len, _i32(kv.page_size // boxes)),
-        stage="estimate")
+        shared_mem=smem, stage="estimate")
     return scores
 
 
@@ -150,66 +133,28 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
     keys = max(kv.pages()) * 4
     cached = keys <= TK_SMEM_LIMIT
     smem = max(keys if cached else 0, rule.shared_bytes(k_pages))
-    kernel = load_kernel("topk", "topk_kernel", launch.defines("topk"))
+    threads = variants.topk_threads()
+    kernel = load_kernel("topk", f"topk_kernel<{threads}>", launch.defines("topk"))
     kernel.max_dynamic_shared_size_bytes = smem
-    launch(kernel, (batch, heads), (TK_THREADS,), (
+    launch(kernel, (batch, heads), (threads,), (
         cupy.ascontiguousarray(scores), kv.kv_indptr, sel, count, _i32(batch), _i32(nnz),
         _i32(k_pages), _i32(sinks), _i32(window), _i32(cached), _i32(rule.code),
         np.float64(rule.param), np.float64(rule.scaling)), shared_mem=smem, stage="topk")
     return sel, count
 
 
-def estimate_topk(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
-                  window: int = 0, launch=_plain):
-    """estimate and topk as one kernel: (scores [Hs, nnz], sel [Hs, B, K], count [B]), the same
-    values as the two stages; each row is selected by the block that finishes scoring it."""
-    q_tag, kv_tag, _ = check_kv(kv)
-    check_mode(mode)
-    check_budget(k_pages, sinks, window)
-    q_heads, g = check_q(q, kv)
-    nnz, d, batch = int(kv.kv_indices.size), kv.head_dim, kv.batch
-    if d not in variants.FUSED_HEAD_DIMS or kv_tag != q_tag:
-        raise ValueError(f"estimate_topk is built for 16-bit caches of head dims "
-                         f"{variants.FUSED_HEAD_DIMS}, not {kv.kv_dtype} / {d}: "
-                         "quest(form='select') runs every head dim")
-    heads = q_heads if mode == "per-head" else kv.kv_heads
-    scores = cupy.empty((heads, nnz), dtype=cupy.float32)
-    sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
-    count = cupy.empty(batch, dtype=cupy.int32)
-    smem = max(kv.pages()) * 4
-    cached = smem <= FUSED_KEYS_LIMIT
-    tile = variants.plan_group(g).tile
-    expr = f"estimate_topk_kernel<{q_tag}, {d}, {tile}, {MODES.index(mode)}>"
-    kernel = load_kernel("estimate_topk", expr, launch.defines("estimate_topk"))
-    kernel.max_dynamic_shared_size_bytes = smem if cached else 0
-    launch(kernel, (_estimate_grid(kv, nnz, g),), (EST_THREADS,), (
-        q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, sel, count,
-        _counts("rows_scored", kv.kv_heads * batch), _i32(batch), _i32(kv.kv_heads), _i32(nnz),
-        _i32(g), _i32(k_pages), _i32(sinks), _i32(window), _i32(cached)),
-        shared_mem=smem if cached else 0, stage="estimate_topk")
-    return scores, sel, count
-
-
-def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain, select: RowSelect | None = None):
-    """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel and
-    select are None; over `select`'s top-K of its scores, chosen by each CTA of a row, when given.
+def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
+    """(out [B, Hq, d] storage dtype, lse [B, Hq] float32); dense over all pages when sel is None.
 
     count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
     """
     q_tag, kv_tag, _ = check_kv(kv)
     q_heads, g = check_q(q, kv)
-    if select is not None:
-        plan, per_q, row_pages, k_sel = select_rows(q_heads, g, kv, select)
-    else:
-        plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
+    plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
     d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
     rows = kv.batch * kv.kv_heads * plan.chunks
-    dense = sel is None and select is None
-    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(), dense,
-                                    _smem_per_sm())
-    if select is not None and variants.select_ring_bytes(select.k_pages) > run.ring:
-        raise ValueError(f"a budget of {select.k_pages} pages does not fit the attention ring's "
-                         f"{run.ring} bytes: select with topk() first")
+    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(),
+                                    sel is None, _smem_per_sm())
     splits, per_split, ring = run.splits, run.pages_per_split, run.ring
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
@@ -221,7 +166,6 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain, select: RowSe
     expr = f"attention_kernel<{q_tag}, {kv_tag}, {d}, {run.page}, {G}, {run.stages}>"
     kernel = load_kernel("attention", expr, launch.defines("attention"))
     kernel.max_dynamic_shared_size_bytes = ring
-    pick = select or RowSelect(_NULL, 0)
     launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
         q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
         _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
@@ -229,34 +173,20 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain, select: RowSe
         _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
         _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
         ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale"),
-        _i32(run.merge == "wide"), pick.scores, _i32(pick.k_pages), _i32(pick.sinks),
-        _i32(pick.window)), shared_mem=ring, stage="attention")
+        _i32(run.merge == "wide")), shared_mem=ring, stage="attention")
     return out, lse
 
 
-# The forms of the Quest step quest() launches: "select" (estimate, then attention whose CTAs
-# select their rows' pages: 2 kernels), "topk" (estimate, top-K, attention: 3 kernels), "fused"
-# (estimate_topk, attention). Labels as quest_path and bench name them.
-STEP_FORMS = {"select": "2 kernels", "topk": "3 kernels", "fused": "fused"}
-
-
 def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, window: int = 0,
-          launch=_plain, form: str = "select"):
+          launch=_plain):
     """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
 
-    form (STEP_FORMS): how the top-K runs: inside attention's CTAs ("select", the default), as a
-    kernel of its own ("topk") or fused into the estimate ("fused"). With a PDL `Launcher`, each
-    kernel starts while the one before drains, reading only the step's inputs (page tables, q)
-    before its grid_wait.
+    With a PDL `Launcher`, each kernel starts while the one before drains, reading only the
+    step's inputs (page tables, q) before its grid_wait. Two other forms were measured and left
+    the code, slower everywhere on an H200 (notes/KERNELS.md): estimate and top-K as one kernel,
+    and attention whose CTAs selected their own rows' pages (two launches).
     """
-    if form not in STEP_FORMS:
-        raise ValueError(f"quest form {form!r}: expected one of {tuple(STEP_FORMS)}")
-    if form == "fused":
-        _, sel, count = estimate_topk(q, kv, k_pages, mode, sinks, window, launch=launch)
-        return attention(q, kv, sel, count, launch=launch)
     scores = estimate(q, kv, mode, launch=launch)
-    if form == "select":
-        return attention(q, kv, launch=launch, select=RowSelect(scores, k_pages, sinks, window))
     sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
     return attention(q, kv, sel, count, launch=launch)
 
@@ -265,8 +195,7 @@ _COUNTS: dict[tuple[int, str], cupy.ndarray] = {}
 
 
 def _counts(name: str, size: int) -> cupy.ndarray:
-    """Per-device int32 counters `name` (attention's splits done per row, estimate_topk's units
-    scored per row): zeroed once and left at zero by every launch, so launches on one stream
+    """Per-device int32 counters `name` (attention's splits done per row): zeroed once and left at zero by every launch, so launches on one stream
     share them (concurrent streams would not)."""
     key = (cupy.cuda.Device().id, name)
     if key not in _COUNTS or _COUNTS[key].size < size:
@@ -278,22 +207,17 @@ class CupyBackend:
     """Every stage as a CUDA kernel; launches are asynchronous on the current CuPy stream.
 
     `quest_path` says how `quest` launches: 'pdl' (programmatic dependent launch through
-    cuda.bindings) or 'plain: <why not>' (ordinary launches), then the step's form (STEP_FORMS:
-    ', 2 kernels', ', 3 kernels' or ', fused').
+    cuda.bindings) or 'plain: <why not>' (ordinary launches), then ', 3 kernels'.
     """
 
     name = "cupy"
     is_gpu = True
     kv_dtypes = ("fp16", "bf16", E4M3)  # caches it runs (FP8: fp16 or e4m3 summaries)
 
-    def __init__(self, pdl: bool = True, form: str = "select") -> None:
-        if form not in STEP_FORMS:
-            raise ValueError(f"quest form {form!r}: expected one of {tuple(STEP_FORMS)}")
+    def __init__(self, pdl: bool = True) -> None:
         self.fallback_reason: str | None = None
-        self.form = form
         self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
-        for name in ("splits_done", "rows_scored"):  # now, not inside a CUDA-graph capture
-            _counts(name, 1)
+        _counts("splits_done", 1)  # now, not inside a CUDA-graph capture
 
     @property
     def launch(self):
@@ -303,7 +227,7 @@ class CupyBackend:
 
     @property
     def quest_path(self) -> str:
-        return f"{self._launch.path}, {STEP_FORMS[self.form]}"
+        return f"{self._launch.path}, 3 kernels"
 
     def put(self, host_kv: PagedKV) -> PagedKV:
         return host_kv.with_arrays(cupy.asarray)
@@ -330,7 +254,5 @@ class CupyBackend:
         return attention(q, kv, sel, count)
 
     def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
-              window: int = 0, form: str | None = None):
-        """form: a STEP_FORMS key; None takes the backend's own."""
-        return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch,
-                     form=form or self.form)
+              window: int = 0):
+        return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch)

@@ -70,34 +70,6 @@ def check_budget(k_pages: int, sinks: int, window: int) -> None:
     reserved_positions(k_pages + 1, k_pages, sinks, window)  # raises when they exceed the budget
 
 
-@dataclass(frozen=True)
-class RowSelect:
-    """Attention rows that select their own pages (kernels/attention.cu, SelectArgs): the
-    estimate's scores [Hs, nnz] float32 and the top-K rule (K pages, sinks and window reserved)."""
-
-    scores: object
-    k_pages: int
-    sinks: int = 0
-    window: int = 0
-
-
-def select_rows(q_heads: int, g: int, kv: PagedKV, select: RowSelect):
-    """attention_rows of rows that select their own pages: (GroupPlan, sel_per_q, pages of the
-    longest row, K), after checking the scores and the budget."""
-    nnz = int(kv.kv_indices.size)
-    scores = select.scores
-    if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != np.float32:
-        raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
-    heads = int(scores.shape[0])
-    if heads not in (q_heads, kv.kv_heads):
-        raise ValueError(f"scores have {heads} heads: expected q_heads {q_heads} or kv_heads "
-                         f"{kv.kv_heads}")
-    check_budget(select.k_pages, select.sinks, select.window)
-    per_q = heads == q_heads and g > 1
-    plan = variants.GroupPlan(1, g, 1) if per_q else variants.plan_group(g)
-    return plan, int(per_q), min(select.k_pages, max(kv.pages())), select.k_pages
-
-
 def attention_rows(q_heads: int, g: int, kv: PagedKV, sel, count):
     """(GroupPlan of a CTA row, sel_per_q, pages of the longest row, K) for dense (sel None) or a
     selection: one page list per KV head (dense, shared modes) serves the whole group on tiles;

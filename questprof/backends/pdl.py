@@ -71,7 +71,7 @@ class PlainLaunch:
         kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
 
-STAGES = ("estimate", "topk", "estimate_topk", "attention")
+STAGES = ("estimate", "topk", "attention")
 
 
 class Launcher(PlainLaunch):

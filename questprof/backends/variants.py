@@ -24,9 +24,8 @@ HEAD_DIMS = _C["QP_HEAD_DIMS"]
 PAGE_SIZES = _C["QP_PAGE_SIZES"]
 MEASURED_HEAD_DIMS, MEASURED_GROUPS = _C["QP_MEASURED_HEAD_DIMS"], _C["QP_MEASURED_GROUPS"]
 MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
-FUSED_HEAD_DIMS = _C["QP_FUSED_HEAD_DIMS"]  # estimate_topk's builds
 BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c builds
-EST_THREADS, EST_UNROLL = _C["EST_THREADS"], _C["EST_UNROLL"]  # estimate.cuh's loop
+TK_THREAD_OPTIONS = _C["TK_THREAD_OPTIONS"]  # topk.cu's builds
 EST_WARPS, EST_NTILES = _C["EST_WARPS"], _C["EST_NTILES"]  # estimate.cu's tensor-core build
 EST_TILE_ROWS = 16  # rows (boxes of pages) of one mma tile of the estimate
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
@@ -117,6 +116,12 @@ def estimate_ntiles(g: int) -> int:
     return -(-plan_group(g).chunk_size // 8)
 
 
+def estimate_shared_bytes(d: int, g: int) -> int:
+    """Dynamic shared memory of an estimate_kernel block: each of its EST_WARPS warps keeps q's
+    B fragments, a 16-byte word per lane for each of d / 16 chunks and n-tile."""
+    return EST_WARPS * estimate_ntiles(g) * (d // (2 * VEC)) * 32 * 16
+
+
 def estimate_blocks(nnz: int, kv_heads: int, boxes: int, g: int, sms: int) -> int:
     """Blocks of estimate_kernel: a warp per unit of EST_TILE_ROWS rows x KV head, at most one
     resident wave (EST_NTILE_BLOCKS per SM), >= 1 for nnz 0."""
@@ -164,19 +169,6 @@ def static_bytes(d: int, tile: int, kv: str = "fp16") -> int:
         words += ATT_WARPS * tile * d
     return -(-4 * words // 128) * 128
 
-def select_ring_bytes(k_pages: int) -> int:
-    """Ring bytes attention's in-CTA selection needs before its keys (kernels/attention.cu):
-    topk.cuh's TopkShared (2^TK_BITS bins, 64 warp sums, 3 words of state) and k_pages
-    positions, each rounded up to 16 bytes."""
-    state = 4 * ((1 << _C["TK_BITS"]) + 64 + 3)
-    return -(-state // 16) * 16 + -(-4 * k_pages // 16) * 16
-
-
-def estimate_tiles(d: int, units: int) -> int:
-    """Tiles of estimate.cuh's walk (estimate_topk.cu) over `units` (page, KV head) units:
-    EST_UNROLL batches of one unit per row_lanes(d) lanes."""
-    return -(-units // (EST_UNROLL * (EST_THREADS // row_lanes(d))))
-
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
 MERGES = ("auto", "old", "wide")  # attention's merge of a row's splits (attention_merge.cuh)
@@ -202,6 +194,7 @@ class Tuning:
     (ATT_DEEP_*) at head dim 128 for tiles 4, 8 and 16; elsewhere the tile's own depth is used.
     merge: a row's last split merges: "old" (dependent rounds of loads), "wide" (every lse, then
     float4 partials, independent loads) or "auto" (wide for dense rows of >= WIDE_MERGE_SPLITS).
+    tk_threads: threads of a top-K CTA (one of TK_THREAD_OPTIONS); 0 = TK_THREADS.
     """
 
     split: str = "ctas"
@@ -209,6 +202,7 @@ class Tuning:
     value: int = 0
     stages: int = 0
     merge: str = "auto"
+    tk_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
@@ -218,6 +212,9 @@ class Tuning:
         if self.stages and self.stages not in STAGES:
             raise ValueError(f"QP_TUNE stages={self.stages}: expected one of {STAGES} "
                              "(0: the tile's own)")
+        if self.tk_threads and self.tk_threads not in TK_THREAD_OPTIONS:
+            raise ValueError(f"QP_TUNE tk_threads={self.tk_threads}: expected one of "
+                             f"{TK_THREAD_OPTIONS} (0: {_C['TK_THREADS']})")
         if self.ctas < 0 or self.value < 0 or (self.split != "ctas" and self.value < 1):
             raise ValueError(f"QP_TUNE: ctas must be >= 0 and value >= 1 for split "
                              f"{self.split!r} (got ctas={self.ctas}, value={self.value})")
@@ -229,7 +226,8 @@ class Tuning:
         split = (ctas if self.split == "ctas" else
                  f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
         return (split + (f", stages {self.stages}" if self.stages else "")
-                + ("" if self.merge == "auto" else f", merge {self.merge}"))
+                + ("" if self.merge == "auto" else f", merge {self.merge}")
+                + (f", top-K {self.tk_threads} threads" if self.tk_threads else ""))
 
 
 def _k(n: int) -> str:
@@ -264,6 +262,11 @@ def _size(text: str) -> int:
 def current_tuning() -> Tuning:
     """The Tuning of QP_TUNE now (read at each launch, parsed once per value)."""
     return parse_tuning(os.environ.get("QP_TUNE", ""))
+
+
+def topk_threads(tuning: Tuning | None = None) -> int:
+    """Threads of topk_kernel's CTA: QP_TUNE's tk_threads, else TK_THREADS."""
+    return (tuning or current_tuning()).tk_threads or _C["TK_THREADS"]
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:

@@ -132,8 +132,8 @@ def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
     our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
     over the pipeline's time: what running them as one step saves), beside rows of our step's
-    other forms `select_gain`, `fusion_gain` and `persistent_gain` (3-kernel time / that form's:
-    > 1 where it is faster; bench_forms.form_gains) and, beside FlashInfer's Quest step,
+    persistent form `persistent_gain` (3-kernel time / persistent time: > 1 where it is faster;
+    bench_forms.form_gains) and, beside FlashInfer's Quest step,
     `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
@@ -264,8 +264,7 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
         df["same_us"] = df["same_read_ms"] * 1e3
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
             "bandwidth_gbs", "ratio", "same_us", "same_ratio", "speedup", "dense_impl",
-            "overlap_gain", "select_gain", "fusion_gain", "persistent_gain", "vs_flashinfer",
-            "pipeline", "method"]
+            "overlap_gain", "persistent_gain", "vs_flashinfer", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))
