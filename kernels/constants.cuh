@@ -50,9 +50,8 @@ constexpr int EST_UNROLL = 2;
 // (G 8: 16-52 B at 3).
 constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2, 2};
 
-// topk.cu: one CTA of TK_THREADS per (request, head); builds of every TK_THREAD_OPTIONS entry,
-// which QP_TUNE tk_threads picks at launch (backends/variants.py).
-constexpr int TK_THREADS = 1024;
+// topk.cu: one CTA per (request, head) of one of these sizes, picked at launch by the rows and
+// their length (backends/variants.py, topk_threads) or by QP_TUNE tk_threads.
 constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
 
 // attention.cu and attention_tile.cuh.

@@ -104,49 +104,60 @@ struct EstimateArgs {
 };
 
 // The q heads of one (request, KV head, chunk of q heads) as B: lane 4g + c serves head nt * 8 + g
-// of each n-tile (zeros past the chunk's nq heads). init builds the fragments once per (request,
-// KV head) into this warp's shared memory, [nt][chunk][lane] as 16-byte words (conflict-free:
-// lanes write and read consecutive words), and the product reads them back: only A stays in
-// registers while its loads are in flight (B held in registers for a whole tile spilled at
-// D 128), and B is not rebuilt per tile (sign split, order, bf16 to scaled fp16: built per tile,
-// the E4M3 estimate ran at 0.43-0.46 of the read ceiling at 128K B8 on an H200). col_scale turns
-// a column's product into its score: 2^-s, times k_scale x 2^8 for E4M3.
+// of each n-tile (zeros past the chunk's nq heads); only A stays in registers while its loads are
+// in flight (B held in registers for a whole tile spilled at D 128). 16-bit summaries build B
+// chunk by chunk inside the product from q in L1. E4M3 summaries (STAGED) build it once per
+// (request, KV head) into this warp's shared memory, [nt][chunk][lane] as 16-byte words (lanes
+// write and read consecutive words), and read it back per tile: over half the bytes, building B
+// per tile (sign split, order, bf16 to scaled fp16) made their estimate ALU-bound (H200, 128K B8:
+// 0.46 -> 0.52 of the read ceiling staged). Staged, the 16-bit builds were slower (Qwen2.5-7B
+// 128K B8 37.9 -> 40.5 us, MHA 32K 11.9 -> 12.3 us). col_scale turns a column's product into
+// its score: 2^-s, times k_scale x 2^8 for E4M3.
 template <typename T, typename TS, int D, int NT, int BOXES>
 struct QHeads {
   using OP = typename EstOperand<T, TS>::type;
   using S = EstShape<D, NT, BOXES>;
   static constexpr bool SCALED = !same_tag<T, OP>;  // bf16 queries on fp16 tensor cores
-  static constexpr int WORDS = NT * S::CH * 32;      // 16-byte words of a warp's fragments
-  uint4* sh;  // this warp's WORDS words of shared memory
+  static constexpr bool STAGED = is_e4m3<TS>;
+  static constexpr int WORDS = STAGED ? NT * S::CH * 32 : 0;  // a warp's 16-byte words
+  uint4* sh;  // this warp's WORDS words of shared memory (STAGED)
+  const uint16_t* qh[NT];
+  float f[NT];  // 2^s of the lane's head
   float col_scale[NT][2];
 
   QP_DEVICE void init(const uint16_t* __restrict__ qh0, int nq, float unit, int lane) {
     const int g = lane >> 2, c = lane & 3;
-    __syncwarp();  // every lane has read the fragments of the heads before
+    if constexpr (STAGED) __syncwarp();  // every lane has read the heads before
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int n = nt * 8 + g;
-      const uint16_t* qh = n < nq ? qh0 + (size_t)n * D : nullptr;
-      const int s = SCALED ? head_shift(qh, c) : 0;
+      qh[nt] = n < nq ? qh0 + (size_t)n * D : nullptr;
+      const int s = SCALED ? head_shift(qh[nt], c) : 0;
+      f[nt] = exp2i(s);
+      if constexpr (STAGED) {
 #pragma unroll
-      for (int j = 0; j < S::CH; ++j) sh[(nt * S::CH + j) * 32 + lane] = build(qh, exp2i(s), j, c);
+        for (int j = 0; j < S::CH; ++j) sh[(nt * S::CH + j) * 32 + lane] = build(nt, j, c);
+      }
       const float mine = exp2i(-s) * unit;  // head n's factor, on the lanes of quad g
       col_scale[nt][0] = __shfl_sync(0xffffffffu, mine, (2 * c) * 4);
       col_scale[nt][1] = __shfl_sync(0xffffffffu, mine, (2 * c + 1) * 4);
     }
-    __syncwarp();  // the fragments are read by every lane's product
+    if constexpr (STAGED) __syncwarp();  // the words are read by every lane's product
   }
 
   // B words of n-tile nt for the lane's chunk j.
-  QP_DEVICE uint4 frag(int nt, int j, int lane) const { return sh[(nt * S::CH + j) * 32 + lane]; }
+  QP_DEVICE uint4 frag(int nt, int j, int lane) const {
+    if constexpr (STAGED) return sh[(nt * S::CH + j) * 32 + lane];
+    else return build(nt, j, lane & 3);
+  }
 
-  // Chunk j of the lane's head (qh, nullptr past nq) as B words: q' = [q-, q+], times f = 2^s
-  // when SCALED, in the order of Chunk<TS>::regs.
-  static QP_DEVICE uint4 build(const uint16_t* qh, float f, int j, int c) {
+  // Chunk j of the lane's head as B words: q' = [q-, q+], times 2^s when SCALED, in the order
+  // of Chunk<TS>::regs.
+  QP_DEVICE uint4 build(int nt, int j, int c) const {
     const int off = S::offset(c, j);
     const bool neg = off < D;
-    uint4 v = qh ? load16(qh + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (SCALED) v = to_fp16(v, f);
+    uint4 v = qh[nt] ? load16(qh[nt] + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (SCALED) v = to_fp16(v, f[nt]);
     return order_like<TS>(neg ? negative_part(v) : positive_part(v));
   }
 

@@ -2,7 +2,7 @@
 // the K best pages by score, tail page (and optional sinks / local window) always in and counted
 // in the budget, ties to the lower position, output in ascending positions, -1 padded.
 //
-// One CTA of TK_THREADS per (request, head). Scores become order-preserving uint32 keys (held in
+// One CTA of NT threads per (request, head). Scores become order-preserving uint32 keys (held in
 // shared memory when the row fits, else re-read from global/L2). The threshold is found by a
 // range select: a histogram of NB bins over the keys in [lo, hi] (bin = (key - lo) >> s, s the
 // fewest bits that fit the range into NB bins), the bin holding the rem-th largest key becomes

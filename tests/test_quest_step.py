@@ -129,8 +129,8 @@ def test_budget_over_every_page_is_dense(gpu, rng):
 def test_sinks_window_and_integer_ties(gpu, rng):
     """Reserved pages, and scores of small integers (ties go to the lower position)."""
     kv = make_case(rng, [16 * 700 + 9, 16 * 64], 16, 2, 64, "fp16")
-    kv.summary[...] = to_storage(rng.integers(-2, 3, size=kv.summary.shape).astype(np.float64),
-                                 "fp16")
+    box = np.sort(rng.integers(-2, 3, size=kv.summary.shape), axis=2)  # min <= max, as summaries
+    kv.summary[...] = to_storage(box.astype(np.float64), "fp16")
     q = to_storage(rng.integers(-1, 2, size=(2, 2, 64)).astype(np.float64), "fp16")
     _check(gpu, kv, q, 40, sinks=1, window=2)
 

@@ -56,10 +56,11 @@ def test_estimate_shared_memory_fits_its_blocks_per_sm():
     """q's fragments per warp (d / 16 words per lane and n-tile) at the blocks per SM the grid
     plans for fit an H200's 227 KiB per block and 228 KiB per SM."""
     per_sm = dict(zip(variants.EST_NTILES, constants.load()["EST_NTILE_BLOCKS"]))
-    assert variants.estimate_shared_bytes(128, 4) == 4 * 1 * 8 * 512
+    assert variants.estimate_shared_bytes(128, 4, E4M3) == 4 * 1 * 8 * 512
+    assert variants.estimate_shared_bytes(128, 4, "bf16") == 0  # built in the product
     for d in variants.HEAD_DIMS:
         for g in (1, 8, 9, 16, 71):
-            smem = variants.estimate_shared_bytes(d, g)
+            smem = variants.estimate_shared_bytes(d, g, E4M3)
             assert smem * per_sm[variants.estimate_ntiles(g)] <= variants.SMEM_PER_SM, (d, g)
 
 
@@ -283,3 +284,15 @@ def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
         run = variants.attention_launch(5, 38, 128, tile, 16, E4M3 if fp8 else dtype, 132)
         assert run.ctas == ctas, (g, dtype, fp8, tune)
         assert run.stages == (int(tune[-1]) if tune else constants.per_group("ATT_STAGES", tile))
+
+
+@pytest.mark.parametrize("rows,pages,want", [(32, 2048, 512), (4, 2048, 512), (32, 8192, 1024),
+                                             (128, 8192, 1024), (256, 8192, 512),
+                                             (512, 8192, 512)])
+def test_topk_threads_follow_the_rows(monkeypatch, rows, pages, want):
+    """512 threads per row but for rows of over 4096 pages that fit one CTA per SM (132), as
+    timed on the H200; QP_TUNE tk_threads overrides the rule."""
+    monkeypatch.delenv("QP_TUNE", raising=False)
+    assert variants.topk_threads(rows, pages, 132) == want
+    monkeypatch.setenv("QP_TUNE", "tk_threads=256")
+    assert variants.topk_threads(rows, pages, 132) == 256

@@ -102,7 +102,7 @@ def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scal
     nt = variants.estimate_ntiles(g)
     expr = f"estimate_kernel<{tags[0]}, {tags[1]}, {d}, {nt}, {boxes}>"
     blocks = variants.estimate_blocks(nnz, kv.kv_heads, boxes, g, _sm_count())
-    smem = variants.estimate_shared_bytes(d, g)
+    smem = variants.estimate_shared_bytes(d, g, tags[1])
     kernel = load_kernel("estimate", expr, launch.defines("estimate"))
     kernel.max_dynamic_shared_size_bytes = smem
     launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (
@@ -133,7 +133,7 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
     keys = max(kv.pages()) * 4
     cached = keys <= TK_SMEM_LIMIT
     smem = max(keys if cached else 0, rule.shared_bytes(k_pages))
-    threads = variants.topk_threads()
+    threads = variants.topk_threads(heads * batch, max(kv.pages()), _sm_count())
     kernel = load_kernel("topk", f"topk_kernel<{threads}>", launch.defines("topk"))
     kernel.max_dynamic_shared_size_bytes = smem
     launch(kernel, (batch, heads), (threads,), (

@@ -116,10 +116,12 @@ def estimate_ntiles(g: int) -> int:
     return -(-plan_group(g).chunk_size // 8)
 
 
-def estimate_shared_bytes(d: int, g: int) -> int:
-    """Dynamic shared memory of an estimate_kernel block: each of its EST_WARPS warps keeps q's
-    B fragments, a 16-byte word per lane for each of d / 16 chunks and n-tile."""
-    return EST_WARPS * estimate_ntiles(g) * (d // (2 * VEC)) * 32 * 16
+def estimate_shared_bytes(d: int, g: int, summary: str) -> int:
+    """Dynamic shared memory of an estimate_kernel block: over E4M3 summaries (`summary` a dtype
+    or its storage tag) each of its EST_WARPS warps keeps q's B fragments, a 16-byte word per lane
+    for each of d / 16 chunks and n-tile (estimate.cu's QHeads, STAGED); none over 16-bit ones."""
+    staged = summary in (E4M3, TAGS[E4M3])
+    return EST_WARPS * estimate_ntiles(g) * (d // (2 * VEC)) * 32 * 16 if staged else 0
 
 
 def estimate_blocks(nnz: int, kv_heads: int, boxes: int, g: int, sms: int) -> int:
@@ -194,7 +196,7 @@ class Tuning:
     (ATT_DEEP_*) at head dim 128 for tiles 4, 8 and 16; elsewhere the tile's own depth is used.
     merge: a row's last split merges: "old" (dependent rounds of loads), "wide" (every lse, then
     float4 partials, independent loads) or "auto" (wide for dense rows of >= WIDE_MERGE_SPLITS).
-    tk_threads: threads of a top-K CTA (one of TK_THREAD_OPTIONS); 0 = TK_THREADS.
+    tk_threads: threads of a top-K CTA (one of TK_THREAD_OPTIONS); 0 = the rule of topk_threads.
     """
 
     split: str = "ctas"
@@ -214,7 +216,7 @@ class Tuning:
                              "(0: the tile's own)")
         if self.tk_threads and self.tk_threads not in TK_THREAD_OPTIONS:
             raise ValueError(f"QP_TUNE tk_threads={self.tk_threads}: expected one of "
-                             f"{TK_THREAD_OPTIONS} (0: {_C['TK_THREADS']})")
+                             f"{TK_THREAD_OPTIONS} (0: by the rows)")
         if self.ctas < 0 or self.value < 0 or (self.split != "ctas" and self.value < 1):
             raise ValueError(f"QP_TUNE: ctas must be >= 0 and value >= 1 for split "
                              f"{self.split!r} (got ctas={self.ctas}, value={self.value})")
@@ -264,9 +266,21 @@ def current_tuning() -> Tuning:
     return parse_tuning(os.environ.get("QP_TUNE", ""))
 
 
-def topk_threads(tuning: Tuning | None = None) -> int:
-    """Threads of topk_kernel's CTA: QP_TUNE's tk_threads, else TK_THREADS."""
-    return (tuning or current_tuning()).tk_threads or _C["TK_THREADS"]
+# Rows longer than TK_LONG_ROW pages run on the largest top-K CTA while they fit one wave of
+# one CTA per SM; everything else on 512 threads. H200, 2026-12-01 at fd29eb7 (tools/
+# topk_threads.py, us per layer at 256 / 512 / 1024 threads): 32 x 2048 pages 6.4 / 5.8 / 7.3;
+# 32 x 8192 15.2 / 10.0 / 9.4; 128 x 8192 17.5 / 11.6 / 10.8; 256 x 8192 18.5 / 14.8 / 19.0;
+# 512 x 8192 27.5 / 27.8 / 36.1.
+TK_LONG_ROW = 4096
+
+
+def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> int:
+    """Threads of topk_kernel's CTA for `rows` rows of at most `pages` pages: QP_TUNE's
+    tk_threads, else 1024 for rows over TK_LONG_ROW pages that fit one CTA per SM, else 512."""
+    chosen = (tuning or current_tuning()).tk_threads
+    if chosen:
+        return chosen
+    return TK_THREAD_OPTIONS[-1] if pages > TK_LONG_ROW and rows <= sms else TK_THREAD_OPTIONS[1]
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
