@@ -80,6 +80,31 @@ def test_unknown_scenario(tmp_path):
     assert "no-such-scenario" in line and "smoke" in line
 
 
+@pytest.mark.parametrize("name", ["shapes", "bench"])
+def test_a_bench_file_is_no_scenario(name, tmp_path):
+    """scenarios/shapes.toml and bench.toml hold bench cases: not offered as scenarios, and
+    given as one, a line that names the command that runs them."""
+    assert name not in assert_one_line_error(run("sweep", "--scenario", "no-such-scenario"))
+    line = assert_one_line_error(run("sweep", "--scenario", name, "--out", tmp_path / "o"))
+    assert f"{name}.toml is a bench file" in line and "questprof bench --cases" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--kv-dtype", "int8"], "--kv-dtype int8: model smoke: kv_dtype 'int8' is not supported"),
+    (["--tp", "0"], "--tp 0 must be a whole number of GPUs, at least 1"),
+    (["--tp", "3"], "--tp 3: model smoke's 4 q heads do not split evenly over 3 GPUs"),
+    (["--kv-dtype", "fp8", "--summary-dtype", "fp32"], "--summary-dtype fp32: model smoke: "
+     "fp32 summaries over a fp8_e4m3 cache are not supported"),
+    (["--kv-dtype", "bf16", "--summary-dtype", "fp16"],  # each is fine alone: both named
+     "--kv-dtype bf16 --summary-dtype fp16: model smoke: fp16 summaries over a bf16 cache"),
+])
+def test_a_bad_shape_flag_is_named_not_the_scenario_file(args, said, tmp_path):
+    line = assert_one_line_error(run("sweep", "--scenario", "smoke", "--out", tmp_path / "o",
+                                     *args))
+    assert said in line and "smoke.toml" not in line, line
+
+
 SMOKE = SCENARIOS_DIR / "smoke.toml"
 
 
