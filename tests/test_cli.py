@@ -298,3 +298,13 @@ def test_sweep_with_e2e_adds_measured_steps(tmp_path):
     assert sorted(e2e["length"]) == [2048, 4096]
     assert (e2e["measured_speedup"] > 0).all() and meta["e2e"]["budget"] == 512
     assert "end-to-end decode step" in result.stdout
+
+
+def test_version_and_the_page_size_help_from_the_built_table():
+    from questprof import __version__
+    from questprof.core.config import PAGE_SIZES
+
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith(f"questprof {__version__}")
+    flat = re.sub(r"[│\s]+", " ", run("sweep", "--help").stdout)  # Rich wraps help in a box
+    assert f"Page sizes in tokens: {', '.join(map(str, PAGE_SIZES))} " in flat
