@@ -287,6 +287,31 @@ def test_bytes_bench_and_extras_bad_input(args, tmp_path):
     assert_one_line_error(result)
 
 
+@pytest.mark.parametrize("torch", ["absent", "cpu build"])
+def test_peers_without_a_gpu_are_skipped_rows_with_the_reason(tmp_path, monkeypatch, torch):
+    """`sweep --peers` without a GPU ended in a traceback: ModuleNotFoundError for torch, or a
+    CPU torch's RuntimeError for torch.Generator(device="cuda")."""
+    import sys
+
+    if torch == "absent":
+        monkeypatch.setitem(sys.modules, "torch", None)
+    elif _no_gpu():
+        pytest.importorskip("torch")
+    if not _no_gpu():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--peers", "--out", out,
+                 *FAST)
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    said = [line for line in result.stderr.splitlines() if "peers' rows are skipped" in line]
+    assert len(said) == 1 and "time GPU kernels" in said[0], result.stderr
+    df, _ = results.load(out)
+    peers = df[df["impl"] != "ours"]
+    assert set(peers["impl"]) == {"torch-sdpa", "flashinfer"}
+    assert set(peers["status"]) == {"skipped"} and peers["reason"].str.contains("GPU").all()
+    assert set(df[df["impl"] == "ours"]["status"]) == {"ok"}
+
+
 def test_sweep_with_e2e_adds_measured_steps(tmp_path):
     pytest.importorskip("torch")  # the end-to-end decoder is torch
     out_dir = tmp_path / "run"

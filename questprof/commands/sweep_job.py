@@ -85,12 +85,26 @@ def settings(configs) -> int:
     return len({(c.page_size, c.budget, c.mode) for c in configs})
 
 
-def _torch_gpu() -> bool:
+def _torch_missing() -> str | None:
+    """Why torch cannot time on a GPU here (one line), or None when it can."""
     try:
         import torch
     except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+        return "torch is not installed (pip install -e '.[torch]')"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no GPU"
+    return None
+
+
+def _torch_gpu() -> bool:
+    return _torch_missing() is None
+
+
+def peers_skipped(backend) -> str | None:
+    """Why the peers' rows (torch SDPA, FlashInfer) are skipped rows on this run, or None."""
+    if not backend.is_gpu:
+        return "torch SDPA and FlashInfer time GPU kernels: this run times the CPU"
+    return _torch_missing()
 
 
 def announce(scenario, configs, backend, args: SweepArgs) -> None:
@@ -116,8 +130,11 @@ def _options(args: SweepArgs, backend, source, table=None):
 
     repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
     peers = args.peers if args.peers is not None else (backend.is_gpu and _torch_gpu())
-    flashinfer = args.peers is True and backend.is_gpu  # asked for: --peers, not the default
-    if flashinfer:
+    flashinfer = args.peers is True  # asked for: --peers, not the default
+    skipped = peers_skipped(backend) if peers else None
+    if skipped:
+        console.warn(f"the peers' rows are skipped: {skipped}")
+    elif flashinfer:
         from questprof.workload.flashinfer import missing_reason
 
         if (why := missing_reason()) is not None:
@@ -129,7 +146,7 @@ def _options(args: SweepArgs, backend, source, table=None):
                    warmup=warmup if args.warmup is None else args.warmup,
                    graph=bool(args.graph), layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers,
-                   flashinfer=flashinfer, ncu=ncu, budget_table=table,
+                   flashinfer=flashinfer, peers_skipped=skipped, ncu=ncu, budget_table=table,
                    budgets_file=args.budgets_file or "")
 
 
