@@ -63,9 +63,13 @@ def test_cpu_order_groups_pools_largest_first(main_job):
     assert sweep.run_order(main_job, Gpu()) == main_job  # a GPU keeps the grid's order
 
 
-def test_cpu_sweep_times_the_fp32_path_and_says_so(tmp_path):
+@pytest.mark.parametrize("cache", [[], ["--kv-dtype", "fp8"]], ids=["fp16", "fp8"])
+def test_cpu_sweep_times_the_fp32_path_and_says_so(tmp_path, cache):
+    """FP8 caches too: an FP8 CPU sweep once timed the float64 reference under a banner that
+    named the float32 path (dense at 8k: 97.5 ms against 4.7 ms for bf16)."""
     result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k",
-                                      "--backend", "numpy", "--out", str(tmp_path / "o")])
+                                      "--backend", "numpy", "--out", str(tmp_path / "o"),
+                                      *cache])
     assert result.exit_code == 0, result.output
     assert "configurations on the numpy-fp32 backend, about" in result.stderr
     assert "float32" in result.stderr and "times are CPU times" in result.stderr

@@ -279,7 +279,7 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     from questprof.backends import timing_backend
     from questprof.commands.sweep_meta import resumed_meta, sweep_meta
 
-    opts, backend = opts or Options(), timing_backend(backend, scenario.model.is_fp8)
+    opts, backend = opts or Options(), timing_backend(backend)
     done = done_keys(out_dir) if resume else set()
     meta = sweep_meta(scenario, configs, backend, command, opts,
                       (meta_extra or {}).get("bytes"))

@@ -116,7 +116,7 @@ def announce(scenario, configs, backend, args: SweepArgs) -> None:
     minutes = sweep_seconds(configs, backend) / 60
     if scenario.note:  # a config.json: where its shape and grid come from
         console.err.print(scenario.note, highlight=False, markup=False)
-    timed = timing_backend(backend, scenario.model.is_fp8)
+    timed = timing_backend(backend)
     fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
                                    settings(configs))
     console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
@@ -240,7 +240,7 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
         scenario, configs = configs_from_args(args.as_dict())
     backend = get_backend(args.backend)
     if resume is not None:
-        check_backend(resume, timing_backend(backend, scenario.model.is_fp8).name)
+        check_backend(resume, timing_backend(backend).name)
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
     args = replace(args, e2e_on=(backend.is_gpu and _torch_gpu()) if args.e2e is None
                    else args.e2e)

@@ -46,7 +46,7 @@ def cpu_seconds(configs, backend, repeats: int = 3) -> float:
     from questprof.backends import timing_backend
     from questprof.workload.pools import fit_reason
 
-    timed = timing_backend(backend, any(c.model.is_fp8 for c in configs))
+    timed = timing_backend(backend)
     pools, total = set(), CPU_START_S
     for cfg in configs:
         m = cfg.model
