@@ -88,3 +88,43 @@ def test_cpu_sweep_times_the_fp32_path_and_says_so(tmp_path, cache):
     report = (tmp_path / "o" / "report.html").read_text()
     assert "CPU run (NumPy): times are CPU times" in report and "on the CPU</h1>" in report
 
+
+def test_a_resume_announces_only_the_work_left(tmp_path, monkeypatch):
+    """A resume announced the whole job, and a resume of a finished run still announced work."""
+    from questprof.measure import timing
+
+    out, real, calls = tmp_path / "run", timing.time_layers, []
+
+    def interrupt_on_seventh(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:  # the 2nd configuration's 2nd row
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(timing, "time_layers", interrupt_on_seventh)
+    first = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k,8k",
+                                     "--backend", "numpy", "--out", str(out)])
+    assert first.exit_code == 130 and "sweep smoke: 3 configurations on the" in first.stderr
+    monkeypatch.setattr(timing, "time_layers", real)
+    resumed = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert resumed.exit_code == 0, resumed.output
+    assert f"sweep smoke: 2 of 3 configurations left in {out} on the numpy-fp32 backend, " \
+        "about" in resumed.stderr
+    again = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
+    assert again.exit_code == 0, again.output
+    assert f"sweep smoke: all 3 configurations of {out} are on disk, none left to time" in \
+        again.stderr and "about" not in again.stderr
+
+
+def test_a_sweep_says_what_it_skipped_and_why(tmp_path, monkeypatch):
+    """The main job's console never said that batch 8 from 64k up did not fit in host memory."""
+    monkeypatch.setattr(pools, "_host_available", lambda: 200 << 20)  # 512k does not fit
+    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k,512k",
+                                      "--backend", "numpy", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if line.startswith("skipped:")]
+    assert said == ["skipped: 1 of 3 configurations (batch 1, 512k tokens): does not fit in "
+                    "host memory"], result.stderr
+    fits = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "1k,2k",
+                                    "--backend", "numpy", "--out", str(tmp_path / "f")])
+    assert fits.exit_code == 0 and "skipped:" not in fits.stderr  # dense budgets do not count

@@ -67,6 +67,12 @@ def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]
     return keys
 
 
+def remaining(configs, opts: Options, done: set) -> list:
+    """The configurations with a row not in `done` ((config_key, stage, impl) on disk)."""
+    return [c for c in configs
+            if any((c.key(), *k) not in done for k in row_keys(c, opts.peers, opts.flashinfer))]
+
+
 def shared_key(cfg, stage: str, impl: str = OURS) -> tuple | None:
     """Key under which `stage` of cfg shares its timing with other configurations, or None."""
     if stage not in SHARED_OVER:

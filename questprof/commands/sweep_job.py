@@ -17,6 +17,7 @@ from questprof import console
 from questprof.core import model
 from questprof.core.config import ConfigError
 from questprof.commands.sweep_args import SweepArgs, check_backend, resolve_args
+from questprof.commands.sweep_say import announce, settings
 from questprof.core.scenarios import configs_from_args
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
@@ -80,11 +81,6 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
     return None, {"source": None, "reason": why}
 
 
-def settings(configs) -> int:
-    """Page size, budget and mode combinations of the grid: what a recommendation chooses from."""
-    return len({(c.page_size, c.budget, c.mode) for c in configs})
-
-
 def _torch_missing() -> str | None:
     """Why torch cannot time on a GPU here (one line), or None when it can."""
     try:
@@ -105,24 +101,6 @@ def peers_skipped(backend) -> str | None:
     if not backend.is_gpu:
         return "torch SDPA and FlashInfer time GPU kernels: this run times the CPU"
     return _torch_missing()
-
-
-def announce(scenario, configs, backend, args: SweepArgs) -> None:
-    """Say what is about to run and about how long it will take (commands/sweep_time.py)."""
-    from questprof.backends import timing_backend
-    from questprof.commands.fidelity import sweep_fidelity_plan
-    from questprof.commands.sweep_time import sweep_seconds
-
-    minutes = sweep_seconds(configs, backend) / 60
-    if scenario.note:  # a config.json: where its shape and grid come from
-        console.err.print(scenario.note, highlight=False, markup=False)
-    timed = timing_backend(backend)
-    fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
-                                   settings(configs))
-    console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
-                      f"{timed.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args.bytes_source}, e2e: {args.e2e_on}, fidelity: "
-                      f"{fidelity or 'none'})", highlight=False, markup=False)
 
 
 def _options(args: SweepArgs, backend, source, table=None):
@@ -151,13 +129,13 @@ def _options(args: SweepArgs, backend, source, table=None):
 
 
 def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
-          source, status, table=None) -> None:
-    """run_sweep with progress, then the summary table."""
+          opts, status) -> None:
+    """run_sweep with progress, then the summary table and what was skipped."""
     from questprof import results
     from questprof.commands.sweep import row_keys, run_sweep
+    from questprof.commands.sweep_say import skipped_lines
     from questprof.report.frames import summary_table
 
-    opts = _options(args, backend, source, table)
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     with console.Ticker(scenario.name, total) as ticker:
         def step(row: dict, done: int, _total: int) -> None:
@@ -171,6 +149,8 @@ def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: boo
     console.out.print(console.table(table, f"{scenario.name} ({fixed}): median ms per layer, "
                                            "speedup = fastest dense / quest, rho = "
                                            f"{model.rho_text(scenario.model)}"))
+    for line in skipped_lines(df):
+        console.warn(line)
 
 
 def _done_extras(target: Path) -> set[str]:
@@ -251,13 +231,13 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     console.banner(backend)
     if status["reason"] and args.bytes_source == "auto" and backend.is_gpu:
         console.warn(f"DRAM bytes not measured: {status['reason']}")
-    announce(scenario, configs, backend, args)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = resume or out_dir or Path("reports") / f"{scenario.name}-{stamp}"
+    opts = _options(args, backend, source, table)
+    announce(scenario, configs, backend, args, opts, resume)
     start = time.perf_counter()
     try:
-        _grid(scenario, configs, backend, target, args, resume is not None, argv, source,
-              status, table)
+        _grid(scenario, configs, backend, target, args, resume is not None, argv, opts, status)
         _extras(scenario, configs, backend, target, args)
     except KeyboardInterrupt:
         interrupted(target)

@@ -1,10 +1,12 @@
-"""meta.json of a sweep (notes/CONTRACTS.md): the scenario and its model shape, the command,
-the git commit, the machine, the backend, measured ceilings, the grid swept, how it was timed;
-a resumed run's keeps the first run's start and command and lists each resumption's."""
+"""meta.json of a sweep (notes/CONTRACTS.md): the scenario and its model shape (one GPU's under
+tensor parallelism, and in words), the command, the git commit, the machine, the backend,
+measured ceilings, the grid swept, how it was timed; a resumed run's keeps the first run's
+start and command and lists each resumption's."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 from questprof.results import now
 
@@ -35,6 +37,7 @@ def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None
     timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers",
                                             "flashinfer")} if opts else {}
     return {"scenario": scenario.name, "scenario_path": str(scenario.path),
+            "shape": {**asdict(scenario.model), "text": scenario.model.text()},
             "command": command or " ".join(sys.argv), "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": getattr(backend, "fallback_reason", None),

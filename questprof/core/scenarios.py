@@ -87,7 +87,9 @@ class ShapeOptions:
 # The grid of a config.json, which holds none (said before a run: Scenario.note)
 HF_GRID = Grid(lengths=tuple(8192 << i for i in range(5)), batches=(1, 8), page_sizes=(16,),
                budgets=(1024, 2048, 4096))
-HF_GRID_TEXT = "lengths 8k..128k, batch 1,8, page size 16, budgets 1024,2048,4096, per-head"
+# HF_GRID in words, by the sweep argument that replaces each part
+HF_GRID_WORDS = {"lengths": "lengths 8k..128k", "batch": "batch 1,8", "page_size": "page size 16",
+                 "budget": "budgets 1024,2048,4096", "mode": "per-head"}
 
 
 def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
@@ -268,13 +270,22 @@ def load_scenario(name_or_path, options: ShapeOptions | None = None) -> Scenario
     if path.suffix == ".json":
         fields, note = shape_fields(path, options.plain_dtype)
         shape = model_shape(fields, options, str(path))
-        note = f"{note}; a config.json holds no grid: {HF_GRID_TEXT} unless given"
         return Scenario(shape.name, shape, HF_GRID, path, note, note, str(path))
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return _parse_scenario(data, path, options)
+
+
+def grid_note(scenario: Scenario, args: dict) -> str:
+    """What a config.json's run takes from HF_GRID, which it holds no grid of: the parts that
+    `args` (sweep arguments, None: not given) leave to it; '' for a scenario file or when every
+    part is given."""
+    used = [words for name, words in HF_GRID_WORDS.items() if args.get(name) is None]
+    if scenario.path.suffix != ".json" or not used:
+        return ""
+    return f"a config.json holds no grid: using {', '.join(used)}"
 
 
 def _override(value, default, what: str) -> tuple[int, ...]:
