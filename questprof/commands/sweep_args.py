@@ -88,11 +88,15 @@ def flag(name: str, value) -> str:
     return f"--{word} {value}"
 
 
-def resolve_args(resume: Path | None, given: SweepArgs) -> SweepArgs:
+def resolve_args(resume: Path | None, given: SweepArgs,
+                 out_dir: Path | None = None) -> SweepArgs:
     """The sweep's arguments: those given, else the first run's (from meta.json), else defaults.
-    ConfigError when a given one contradicts the resumed run's."""
+    ConfigError when a given one contradicts the resumed run's, or --out names another
+    directory than the one resumed."""
     if resume is None:
         return given
+    if out_dir is not None and Path(out_dir).resolve() != Path(resume).resolve():
+        raise ConfigError(f"--out {out_dir}: a resume continues in its own directory, {resume}")
     from questprof import results
 
     saved = results.load(resume)[1].get("args")
@@ -105,8 +109,8 @@ def resolve_args(resume: Path | None, given: SweepArgs) -> SweepArgs:
         if _meaning(replace(first, **{name: getattr(given, name)})) != held:
             raise ConfigError(
                 f"{flag(name, getattr(given, name))}: {resume} holds {_held(first, name)}; a "
-                f"resume takes its first run's arguments (leave the flag out, or --out a new "
-                f"directory)")
+                f"resume takes its first run's arguments (leave the flag out, or start a new "
+                f"run without --resume)")
     return given.over(first)
 
 

@@ -213,7 +213,7 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
 
     from questprof.commands.sweep_table import apply_table
 
-    args = resolve_args(resume, given)
+    args = resolve_args(resume, given, out_dir)
     scenario, configs = configs_from_args(args.as_dict())
     args, table = apply_table(args, scenario.model.layers)
     if table is not None:  # the table's page size, largest budget and mode
