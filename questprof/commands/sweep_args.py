@@ -135,9 +135,11 @@ def _held(first: SweepArgs, name: str) -> str:
     if name == "scenario":
         return f"a sweep of {scenario.name}"
     if name in GRID:
+        from questprof.report.frames import fmt_tokens
+
         values = sorted({getattr(c, GRID[name]) for c in configs})
-        words = name.replace("_", " ")
-        return f"{words} {','.join(_size(v) for v in values)}"
+        shown = [fmt_tokens(v) if isinstance(v, int) else v for v in values]
+        return f"{name.replace('_', ' ')} {','.join(shown)}"
     held = {"kv_dtype": model.kv_dtype(shape), "summary_dtype": model.summary_dtype(shape),
             "kv_scale": shape.kv_scale or "none", "tp": shape.tp}
     if name in held:
@@ -148,13 +150,6 @@ def _held(first: SweepArgs, name: str) -> str:
     return f"a run with {flag(name, value)}"
 
 
-def _size(value) -> str:
-    """2048 -> '2k' (whole multiples of 1024), other values as they are."""
-    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
-        return f"{value // 1024}k"
-    return str(value)
-
-
 def check_backend(resume: Path, timed: str) -> None:
     """A resume times on the backend the directory's rows were timed on: GPU kernel times and
     CPU times in one directory would be compared as one run's."""
@@ -163,5 +158,5 @@ def check_backend(resume: Path, timed: str) -> None:
     held = results.load(resume)[1].get("backend")
     if held is not None and held != timed:
         raise ConfigError(f"--resume {resume}: its rows were timed on the {held} backend, this "
-                          f"run would time {timed} (resume it where it ran, or --out a new "
-                          f"directory)")
+                          f"run would time {timed} (resume it where it ran, or start a new run "
+                          f"without --resume)")

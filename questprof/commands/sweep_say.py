@@ -86,10 +86,9 @@ def skipped_lines(df) -> list[str]:
 
 def _where(rows) -> str:
     """'batch 8, 64k..128k tokens': the batches and lengths of skipped rows."""
+    from questprof.report.frames import fmt_tokens
+
     batches = ",".join(str(b) for b in sorted(set(rows["batch"])))
     lengths = sorted(set(rows["length"]))
-    span = f"{lengths[0] // 1024}k" if lengths[0] % 1024 == 0 else str(lengths[0])
-    if len(lengths) > 1:
-        last = lengths[-1]
-        span += f"..{last // 1024}k" if last % 1024 == 0 else f"..{last}"
+    span = fmt_tokens(lengths[0]) + (f"..{fmt_tokens(lengths[-1])}" if len(lengths) > 1 else "")
     return f"batch {batches}, {span} tokens"
