@@ -18,11 +18,32 @@ from rich.markup import escape
 
 from questprof import console
 from questprof.backends import BackendUnavailable
-from questprof.core.config import ConfigError
+from questprof.commands.render import write_report
+from questprof.core.config import PAGE_SIZES, ConfigError
 
 app = typer.Typer(help="Profile Quest (query-aware sparse attention) stage by stage on a GPU.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 USER_ERRORS = (ConfigError, BackendUnavailable, FileNotFoundError, NotADirectoryError)
+
+
+def _version(show: bool) -> None:
+    """--version: questprof's version and, in a git checkout, its commit."""
+    if not show:
+        return
+    from questprof import __version__
+    from questprof.core.machine import git_fields
+
+    commit, _, dirty = (git_fields()["git_commit"] or "").partition("+")
+    said = f" (commit {commit[:7]}{', with changes' if dirty else ''})" if commit else ""
+    console.out.print(f"questprof {__version__}{said}", highlight=False)
+    raise typer.Exit()
+
+
+@app.callback()
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit")]
+        = False) -> None:
+    """Profile Quest (query-aware sparse attention) stage by stage on a GPU."""
 
 
 def default(text: str, value) -> str:
@@ -55,29 +76,6 @@ SCENARIO_HELP = ("Scenario name (scenarios/<name>.toml), a .toml path, or a Hugg
                  "config.json (or the model folder holding it)")
 
 
-def _write_report(out_dir: Path, asked: bool = False) -> None:
-    """report.html from the results in out_dir. Without plotly: one line (a warning after a run,
-    whose results are on disk; an error when the report is what was asked for)."""
-    from questprof import results
-    from questprof.report import glance_lines, write_report
-
-    df, meta = results.load(out_dir)
-    try:
-        path = write_report(df, meta, out_dir / "report.html")
-    except ModuleNotFoundError as exc:
-        if not (exc.name or "").startswith("plotly"):
-            raise
-        why = (f"report.html is not written: plotly is not installed here (pip install plotly); "
-               f"the results are in {out_dir}, and `questprof report {out_dir}` draws it")
-        if asked:
-            raise ConfigError(why) from None
-        console.warn(why)
-        return
-    for line in glance_lines(df, meta, out_dir):  # the report's "At a glance" recommendation
-        console.out.print(line, highlight=False, markup=False)
-    console.out.print(f"report: {path or out_dir / 'report.html'}", highlight=False)
-
-
 @app.command()
 @user_errors
 def sweep(
@@ -89,7 +87,7 @@ def sweep(
     batch: Annotated[Optional[str], typer.Option(help=default(
         "Batch sizes, e.g. '1,8' or '1..16'", "the scenario's"))] = None,
     page_size: Annotated[Optional[str], typer.Option(help=default(
-        "Page sizes in tokens: 8, 16, 32, 64", "the scenario's"))] = None,
+        f"Page sizes in tokens: {', '.join(map(str, PAGE_SIZES))}", "the scenario's"))] = None,
     budget: Annotated[Optional[str], typer.Option(help=default(
         "Token budgets, whole pages, e.g. '512..4096'", "the scenario's"))] = None,
     mode: Annotated[Optional[str], typer.Option(help=default(
@@ -114,8 +112,8 @@ def sweep(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/<scenario>-<timestamp>/"))] = None,
     resume: Annotated[Optional[Path], typer.Option(help=(
-        "Continue the sweep in this results directory (its arguments unless given "
-        "again)"))] = None,
+        "Continue the sweep in this results directory with its first run's arguments (one "
+        "given again must agree; --e2e, --gpus and --fidelity may add to it)"))] = None,
     graph: Annotated[Optional[bool], typer.Option("--graph/--no-graph", help=default(
         "Time a CUDA-graph replay of each pass, as serving engines run decode; --no-graph "
         "times Python launches too", "--graph"))] = None,
@@ -151,12 +149,13 @@ def sweep(
         "step is timed with each layer's budget, at the table's page size and mode"))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
+    options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
     from questprof.commands import sweep_job
+    from questprof.commands.sweep_args import SweepArgs
 
-    options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume", "sweep_job")}
-    args = sweep_job.SweepArgs.from_options(**options)  # None: not given
+    args = SweepArgs.from_options(**options)  # None: not given
     target = sweep_job.sweep_command(args, out_dir, resume, sys.argv[1:])
-    _write_report(target)
+    write_report(target)
     console.out.print(f"results: {target}", highlight=False)
 
 
@@ -182,7 +181,7 @@ def report(results_dir: Annotated[Path, typer.Argument(help="A results directory
     from questprof import results
 
     results.load(results_dir)  # a clear error when it is not a results directory
-    _write_report(results_dir, asked=True)
+    write_report(results_dir, asked=True)
 
 
 @app.command()
@@ -236,7 +235,7 @@ def bench(
         console.err.print("interrupted: the finished cases are kept in the results directory",
                           highlight=False)
         raise typer.Exit(130) from None
-    _write_report(target)
+    write_report(target)
 
 
 @app.command("bytes")
@@ -338,7 +337,7 @@ def fidelity(
     target = fidelity_command(args, out_dir, sys.argv[1:], phases=phases,
                               log=lambda msg: console.out.print(msg, highlight=False))
     report = time.perf_counter()
-    _write_report(target)
+    write_report(target)
     phases["report"] = time.perf_counter() - report
     console.out.print(f"results: {target}", highlight=False)
     for line in phase_table(phases, time.perf_counter() - started):

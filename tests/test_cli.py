@@ -80,6 +80,31 @@ def test_unknown_scenario(tmp_path):
     assert "no-such-scenario" in line and "smoke" in line
 
 
+@pytest.mark.parametrize("name", ["shapes", "bench"])
+def test_a_bench_file_is_no_scenario(name, tmp_path):
+    """scenarios/shapes.toml and bench.toml hold bench cases: not offered as scenarios, and
+    given as one, a line that names the command that runs them."""
+    assert name not in assert_one_line_error(run("sweep", "--scenario", "no-such-scenario"))
+    line = assert_one_line_error(run("sweep", "--scenario", name, "--out", tmp_path / "o"))
+    assert f"{name}.toml is a bench file" in line and "questprof bench --cases" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--kv-dtype", "int8"], "--kv-dtype int8: model smoke: kv_dtype 'int8' is not supported"),
+    (["--tp", "0"], "--tp 0 must be a whole number of GPUs, at least 1"),
+    (["--tp", "3"], "--tp 3: model smoke's 4 q heads do not split evenly over 3 GPUs"),
+    (["--kv-dtype", "fp8", "--summary-dtype", "fp32"], "--summary-dtype fp32: model smoke: "
+     "fp32 summaries over a fp8_e4m3 cache are not supported"),
+    (["--kv-dtype", "bf16", "--summary-dtype", "fp16"],  # each is fine alone: both named
+     "--kv-dtype bf16 --summary-dtype fp16: model smoke: fp16 summaries over a bf16 cache"),
+])
+def test_a_bad_shape_flag_is_named_not_the_scenario_file(args, said, tmp_path):
+    line = assert_one_line_error(run("sweep", "--scenario", "smoke", "--out", tmp_path / "o",
+                                     *args))
+    assert said in line and "smoke.toml" not in line, line
+
+
 SMOKE = SCENARIOS_DIR / "smoke.toml"
 
 
@@ -262,6 +287,31 @@ def test_bytes_bench_and_extras_bad_input(args, tmp_path):
     assert_one_line_error(result)
 
 
+@pytest.mark.parametrize("torch", ["absent", "cpu build"])
+def test_peers_without_a_gpu_are_skipped_rows_with_the_reason(tmp_path, monkeypatch, torch):
+    """`sweep --peers` without a GPU ended in a traceback: ModuleNotFoundError for torch, or a
+    CPU torch's RuntimeError for torch.Generator(device="cuda")."""
+    import sys
+
+    if torch == "absent":
+        monkeypatch.setitem(sys.modules, "torch", None)
+    elif _no_gpu():
+        pytest.importorskip("torch")
+    if not _no_gpu():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--peers", "--out", out,
+                 *FAST)
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    said = [line for line in result.stderr.splitlines() if "peers' rows are skipped" in line]
+    assert len(said) == 1 and "time GPU kernels" in said[0], result.stderr
+    df, _ = results.load(out)
+    peers = df[df["impl"] != "ours"]
+    assert set(peers["impl"]) == {"torch-sdpa", "flashinfer"}
+    assert set(peers["status"]) == {"skipped"} and peers["reason"].str.contains("GPU").all()
+    assert set(df[df["impl"] == "ours"]["status"]) == {"ok"}
+
+
 def test_sweep_with_e2e_adds_measured_steps(tmp_path):
     pytest.importorskip("torch")  # the end-to-end decoder is torch
     out_dir = tmp_path / "run"
@@ -273,3 +323,13 @@ def test_sweep_with_e2e_adds_measured_steps(tmp_path):
     assert sorted(e2e["length"]) == [2048, 4096]
     assert (e2e["measured_speedup"] > 0).all() and meta["e2e"]["budget"] == 512
     assert "end-to-end decode step" in result.stdout
+
+
+def test_version_and_the_page_size_help_from_the_built_table():
+    from questprof import __version__
+    from questprof.core.config import PAGE_SIZES
+
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout.startswith(f"questprof {__version__}")
+    flat = re.sub(r"[│\s]+", " ", run("sweep", "--help").stdout)  # Rich wraps help in a box
+    assert f"Page sizes in tokens: {', '.join(map(str, PAGE_SIZES))} " in flat

@@ -244,17 +244,22 @@ def test_the_flashinfer_bench_file_holds_issue_21s_cases():
 
 
 @pytest.mark.parametrize("peers, on_gpu, want", [(True, True, True), (None, True, False),
-                                                 (False, True, False), (True, False, False)])
+                                                 (False, True, False), (True, False, True)])
 def test_sweep_times_flashinfer_when_peers_are_asked_for_on_a_gpu(absent, monkeypatch, peers,
                                                                   on_gpu, want):
     """`sweep --peers` adds FlashInfer's rows (said once when it is missing); the default keeps
-    torch SDPA alone, and the NumPy backend has no device pools to lend it."""
+    torch SDPA alone; on the CPU the peers' rows are skipped rows, said once."""
     from questprof import console
     from questprof.commands import sweep_job
 
     said = []
     monkeypatch.setattr(console, "warn", said.append)
+    monkeypatch.setattr(sweep_job, "_torch_missing", lambda: None)  # torch sees the GPU
     backend = types.SimpleNamespace(is_gpu=on_gpu, name="cupy" if on_gpu else "numpy")
     opts = sweep_job._options(sweep_job.SweepArgs(peers=peers), backend, None)
     assert opts.flashinfer is want
+    if not on_gpu:
+        assert said == [f"the peers' rows are skipped: {opts.peers_skipped}"]
+        return
+    assert opts.peers_skipped is None
     assert said == ([f"FlashInfer's rows are skipped: {fi.missing_reason()}"] if want else [])

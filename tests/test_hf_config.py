@@ -46,6 +46,33 @@ def test_sweep_on_a_config_json_runs_on_the_cpu(tmp_path):
     assert result.exit_code == 0, result.output
     assert "a config.json holds no grid" in result.stderr and "LlamaForCausalLM" in result.stderr
     assert (tmp_path / "run" / "report.html").is_file()
+    # only the defaults it uses: --lengths was given
+    (note,) = [line for line in result.stderr.splitlines() if "holds no grid" in line]
+    assert "batch 1,8, page size 16" in note and "lengths" not in note, note
+
+
+def test_a_config_json_given_every_grid_value_says_no_default_grid(tmp_path):
+    result = run("sweep", "--scenario", TINY, "--lengths", "2k", "--batch", "1", "--page-size",
+                 "16", "--budget", "512", "--mode", "per-head", "--backend", "numpy", "--out",
+                 tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    assert "holds no grid" not in result.stderr and "LlamaForCausalLM" in result.stderr
+
+
+def test_tp_says_the_shape_of_one_gpu_on_the_console_and_in_meta_json(tmp_path):
+    """With --tp 2 neither the console nor the report stated the per-GPU shape."""
+    from questprof import results
+
+    out = tmp_path / "run"
+    result = run("sweep", "--scenario", "llama3-8b", "--tp", 2, "--lengths", "2k", "--batch", 1,
+                 "--page-size", 16, "--budget", 512, "--mode", "per-head", "--backend", "numpy",
+                 "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "model llama3-8b: 32 layers, 16 q / 4 KV heads of 128 dims per GPU of tensor " \
+        "parallelism 2, bf16" in result.stderr
+    shape = results.load(out)[1]["shape"]
+    assert (shape["q_heads"], shape["kv_heads"], shape["tp"]) == (16, 4, 2)
+    assert "per GPU of tensor parallelism 2" in shape["text"]
 
 
 def test_a_model_folder_and_its_config_json_give_one_shape():

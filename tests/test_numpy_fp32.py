@@ -11,8 +11,8 @@ from questprof.backends import get_backend, timing_backend
 from questprof.backends.numpy import NumpyBackend
 from questprof.backends.numpy_fp32 import NumpyFp32Backend
 from questprof.core import reference
-from questprof.core.layout import (append_plan, from_storage, page_tables, random_paged_kv,
-                                   random_queries)
+from questprof.core.layout import (append_plan, from_storage, kv_values, page_tables,
+                                   random_paged_kv, random_queries, summary_values)
 
 FAST = NumpyFp32Backend()
 
@@ -73,6 +73,64 @@ def test_stages_agree_with_reference(rng, dtype, s, q_heads, kv_heads, d, mode):
         assert rel_err(f(out), ref_out) < TOL[dtype] and rel_err(lse, ref_lse) < TOL["fp32"]
     np.testing.assert_array_equal(FAST.quest(q, fast, k_pages, mode)[0],
                                   FAST.attention(q, fast, sel, count)[0])
+
+
+FP8_CASES = [  # (queries, summaries, scales, page size, q heads, kv heads, d)
+    ("fp16", "fp8_e4m3", "tensor", 16, 8, 2, 64), ("bf16", "fp16", "head", 8, 4, 4, 128),
+    ("fp16", "fp16", "tensor", 32, 16, 2, 64), ("bf16", "fp8_e4m3", "head", 16, 6, 3, 32),
+]
+
+
+@pytest.mark.parametrize("dtype,summary,scale,s,q_heads,kv_heads,d", FP8_CASES)
+def test_fp8_stages_agree_with_reference(rng, dtype, summary, scale, s, q_heads, kv_heads, d):
+    """An FP8 (e4m3) cache on the fp32 path: summaries equal the reference's (the codes' own
+    min and max, or fp16 rounded outward), scores and outputs within the tolerance table."""
+    lengths = [1, max(s - 1, 1), s, s + 1, 23 * s + 3]
+    kv, fast, q = _case(rng, lengths, s, q_heads, kv_heads, d, dtype, tail_fill=np.nan,
+                        kv_dtype="fp8_e4m3", summary_dtype=summary, kv_scale=scale)
+    assert fast.is_fp8 and fast.summary.dtype == kv.summary.dtype
+    np.testing.assert_array_equal(fast.summary, kv.summary)
+    qf = from_storage(q, dtype)
+    want = reference.estimate(qf, summary_values(kv), kv.kv_indptr, kv.kv_indices)
+    got = FAST.estimate(q, fast)
+    assert got.dtype == np.float32 and rel_err(got, want) < TOL["fp32"]
+    k_pages = 6
+    assert _gap(want, kv.kv_indptr, k_pages) > 4 * np.abs(got - want).max()
+    sel, count = FAST.topk(got, fast, k_pages)
+    want_sel, want_count = reference.topk(want, kv.kv_indptr, k_pages)
+    np.testing.assert_array_equal(sel, want_sel)
+    np.testing.assert_array_equal(count, want_count)
+    k, v = kv_values(kv, "k")[...], kv_values(kv, "v")[...]
+    for args in ((), (want_sel, want_count)):
+        out, lse = FAST.attention(q, fast, *args)
+        ref_out, ref_lse = reference.attention(qf, k, v, kv.kv_indptr, kv.kv_indices,
+                                               kv.last_page_len, *args)
+        assert rel_err(from_storage(out, dtype), ref_out) < TOL[dtype]
+        assert rel_err(lse, ref_lse) < TOL["fp32"]
+
+
+@pytest.mark.parametrize("summary", ["fp8_e4m3", "fp16"])
+def test_fp8_append_then_summary_equals_reference(rng, summary):
+    """A token written into the tail page (first > 0): its summary merges with the stored one
+    as the reference merges exact values."""
+    s, lengths = 16, [16 * 5 - 2, 16 * 3 - 1]
+    kv, fast, q = _case(rng, lengths, s, 4, 2, 64, "fp16", spare=0, kv_dtype="fp8_e4m3",
+                        summary_dtype=summary, kv_scale="head")
+    FAST.attention(q, fast)  # the working copies are read now, before the write
+    plan = append_plan(kv.kv_indptr, kv.kv_indices, kv.last_page_len + 1, [1, 1], s)
+    new = rng.integers(0, 0x7F, size=(2, 2, 2, 64)).astype(np.uint8)  # finite codes
+    for cache in (kv, fast):
+        cache.last_page_len += 1
+        for b, (page, slot) in enumerate(zip(plan.page_ids, plan.first)):
+            cache.k[page, :, slot], cache.v[page, :, slot] = new[0, b], new[1, b]
+    NumpyBackend().summary(kv, plan)
+    FAST.summary(fast, plan)
+    np.testing.assert_array_equal(fast.summary, kv.summary)
+    out, _ = FAST.attention(q, fast)
+    ref_out, _ = reference.attention(from_storage(q, "fp16"), kv_values(kv, "k")[...],
+                                     kv_values(kv, "v")[...], kv.kv_indptr, kv.kv_indices,
+                                     kv.last_page_len)
+    assert rel_err(from_storage(out, "fp16"), ref_out) < TOL["fp16"]
 
 
 @pytest.mark.parametrize("sinks,window", [(0, 0), (1, 0), (2, 3), (0, 7)])
@@ -169,19 +227,20 @@ def test_the_sweep_times_the_fp32_path():
     timed = timing_backend(cpu)
     assert timed.name == "numpy-fp32" and not timed.is_gpu
     assert timed.host_copies("fp16") == 3 and timed.host_copies("fp32") == 2
+    assert timed.host_copies("fp8_e4m3") == 5  # one byte a value, four of float32 copies
     assert cpu.name == "numpy"  # the float64 reference stays the NumPy backend itself
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "fp8_e4m3"])
 def test_pools_tiled_read_from_the_tile_equal_a_cast_of_storage(dtype):
-    """Workload's pools: copies read from the tile are the copies a cast of storage gives."""
-    from dataclasses import replace
-
+    """Workload's pools: copies read from the tile are the copies a cast (FP8: a decode) of
+    storage gives."""
     from questprof.core.config import Config
-    from questprof.core.scenarios import load_scenario
+    from questprof.core.scenarios import ShapeOptions, load_scenario
     from questprof.workload.pools import Workload
 
-    shape = replace(load_scenario("smoke").model, dtype=dtype)
+    shape = load_scenario("smoke", ShapeOptions(kv_dtype=dtype, kv_scale=(
+        "head" if dtype == "fp8_e4m3" else None))).model
     work = Workload(Config(shape, 16 * 37 + 5, 3, 16, 64), FAST, 2)
     for kv in work.kvs:
         tiled = kv._fp32_copies.w

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -9,7 +10,7 @@ from typer.testing import CliRunner
 from questprof import ROOT, results
 from questprof.cli import app
 from questprof.commands import sweep
-from questprof.commands.sweep_job import SweepArgs, resolve_args
+from questprof.commands.sweep_args import SweepArgs, resolve_args
 from questprof.measure import timing
 
 FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
@@ -98,13 +99,69 @@ def test_an_old_style_args_dict_still_resumes(tmp_path, monkeypatch):
     assert first.exit_code == 130, first.output
     monkeypatch.setattr(timing, "time_layers", real)
     saved = old_style(out / results.META)
-    resumed = resolve_args(out, SweepArgs.from_options(graph=False))
+    resumed = resolve_args(out, SweepArgs.from_options(e2e_budget=512, graph=True))
     assert (resumed.scenario, resumed.lengths, resumed.budget, resumed.repeats) == (
         "smoke", "2k,4k", "256", saved["repeats"])
-    assert resumed.graph is False and resumed.bytes_source == "auto"  # given; a default
+    assert resumed.e2e_budget == 512 and resumed.bytes_source == "auto"  # given; a default
     result = run("sweep", "--resume", out)
     assert result.exit_code == 0, result.output
     rows = results.read_rows(out)
     assert len(rows) == 2 * len(sweep.ROW_STAGES) and {r["length"] for r in rows} == {2048, 4096}
     args = json.loads((out / results.META).read_text(encoding="utf-8"))["args"]
     assert list(args) == META_KEYS and args["scenario"] == "smoke" and args["repeats"] == 2
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """A finished smoke run at 2k and 4k, budget 256."""
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    first = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--budget", "256",
+                "--out", out, *FAST)
+    assert first.exit_code == 0, first.output
+    return out
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--scenario", "llama3-8b", "--lengths", "2k"], "--scenario llama3-8b: {out} holds a "
+     "sweep of smoke"),
+    (["--lengths", "2k"], "--lengths 2k: {out} holds lengths 2k,4k"),
+    (["--tp", "2"], "--tp 2: {out} holds a run with tp 1"),
+    (["--kv-dtype", "fp8"], "--kv-dtype fp8: {out} holds a run with kv dtype fp16"),
+    (["--summary-dtype", "fp16", "--kv-dtype", "fp8"], "--kv-dtype fp8: {out} holds"),
+    (["--budget", "512"], "--budget 512: {out} holds budget 256"),
+    (["--repeats", "5"], "--repeats 5: {out} holds a run with --repeats 2"),
+    (["--no-graph"], "--no-graph: {out} holds a run with --graph"),
+    (["--out", "elsewhere"], "--out elsewhere: a resume continues in its own directory, {out}"),
+])
+def test_a_resume_that_contradicts_its_directory_is_one_line_and_writes_nothing(
+        smoke_run, tmp_path, args, said):
+    """--resume smokeA --scenario llama3-8b once added 432 llama3-8b rows to 30 smoke rows."""
+    out = shutil.copytree(smoke_run, tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = run("sweep", "--resume", out, *args)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ") and said.format(out=out) in line, line
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_resume_given_its_own_arguments_again_goes_on(smoke_run, tmp_path):
+    """Arguments that mean what the first run's meant (2k..4k is 2k,4k; the scenario by name
+    or path) are no contradiction, and what joins the grid may be added."""
+    out = shutil.copytree(smoke_run, tmp_path / "run")
+    result = run("sweep", "--resume", out, "--lengths", "2k..4k", "--scenario",
+                 ROOT / "scenarios" / "smoke.toml", "--budget", "256", "--no-fidelity",
+                 *FAST)
+    assert result.exit_code == 0, result.output
+    assert len(results.read_rows(out)) == 2 * len(sweep.ROW_STAGES)
+
+
+def test_a_resume_times_on_the_backend_of_its_rows(smoke_run, tmp_path):
+    """GPU rows resumed on a machine without a GPU would mix kernel and CPU times."""
+    out = shutil.copytree(smoke_run, tmp_path / "run")
+    meta = json.loads((out / results.META).read_text(encoding="utf-8"))
+    (out / results.META).write_text(json.dumps({**meta, "backend": "cupy"}), encoding="utf-8")
+    result = run("sweep", "--resume", out)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "its rows were timed on the cupy backend, this run would time numpy-fp32" in \
+        result.stderr

@@ -36,12 +36,12 @@ def get_backend(name: str = "auto") -> Backend:
     return CupyBackend()
 
 
-def timing_backend(backend: Backend, fp8: bool = False) -> Backend:
-    """The backend a sweep times: the NumPy backend's float32 path (backends/numpy_fp32.py) in
-    place of its float64 reference, whose CPU times nobody acts on; any other backend itself.
-    FP8 caches (fp8=True) stay on the reference: the float32 path runs plain caches only."""
+def timing_backend(backend: Backend) -> Backend:
+    """The backend a sweep times: the NumPy backend's float32 path (backends/numpy_fp32.py, FP8
+    caches included) in place of its float64 reference, whose CPU times nobody acts on; any
+    other backend itself."""
     from questprof.backends.numpy import NumpyBackend
-    if type(backend) is not NumpyBackend or fp8:  # the GPU, the fp32 path, a test's double
+    if type(backend) is not NumpyBackend:  # the GPU, the fp32 path, a test's double
         return backend
     from questprof.backends.numpy_fp32 import NumpyFp32Backend
     timed = NumpyFp32Backend()

@@ -6,7 +6,8 @@ written or the tail page grew; new page tables lay the copies out anew. Pools th
 workload.pools tiles from one random block (layout.tiled) are first read from that block,
 decoded once, instead of decoding every value of the pool: the same values (every storage value
 is a float32), and NumPy's fp16 -> fp32 cast ran at 2-7 ns per value on the 2-core machine
-(2026-12-01), most of the time of a CPU sweep. Their memory comes from the backend's Arena.
+(2026-12-01), most of the time of a CPU sweep. An FP8 pool's block is decoded once too, and
+each page scaled as it is read (fp32_fp8.py). Their memory comes from the backend's Arena.
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from questprof.backends import fp32_fp8
 from questprof.backends.arena import Arena
 from questprof.backends.fp32_stages import Working
+from questprof.core.fp8 import E4M3
 from questprof.core.layout import PagedKV
 
 CHUNK_BYTES = 16 << 20  # pages are read and summarised this many float32 bytes at a time
@@ -42,6 +45,22 @@ def f32(x, dtype: str) -> np.ndarray:
     return x.astype(np.float32)
 
 
+def kv_f32(x, kv: PagedKV, which: str) -> np.ndarray:
+    """Pages x [n, H, S, d] of kv's K or V storage (which: 'k' or 'v') as float32 values: a
+    cast, or FP8 codes decoded and scaled (fp32_fp8.decode)."""
+    if kv.is_fp8:
+        return fp32_fp8.decode(x, getattr(kv, f"{which}_scale"))
+    return f32(x, kv.dtype)
+
+
+def summary_f32(x, kv: PagedKV) -> np.ndarray:
+    """Summaries x [n, H, 2, d] of kv's summary storage as the float32 min/max they stand for
+    (FP8 codes times k_scale)."""
+    if kv.summary_dtype == E4M3:
+        return fp32_fp8.decode(x, kv.k_scale)
+    return f32(x, kv.summary_dtype)
+
+
 def span(pos: np.ndarray):
     """pos as a slice when it is one ascending run (assignment then writes in place), else pos."""
     if len(pos) and pos[-1] - pos[0] == len(pos) - 1 and (np.diff(pos) == 1).all():
@@ -62,10 +81,13 @@ class Tiles:
 
     def __init__(self, tile, offsets: tuple[int, int], kv: PagedKV):
         run = kv.page_size * kv.head_dim
-        block = f32(tile, kv.dtype)
+        block = fp32_fp8.decode(tile) if kv.is_fp8 else f32(tile, kv.dtype)
         wrapped = np.concatenate([block, block[:run]])
         self.rows = as_strided(wrapped, (len(block), run), (4, 4), writeable=False)
         self.offsets, self.heads = offsets, kv.kv_heads
+        # an FP8 pool's values are its codes' times the head's scale of k (0) or v (1)
+        self.scale = np.stack([np.asarray(kv.k_scale, np.float32),
+                               np.asarray(kv.v_scale, np.float32)]) if kv.is_fp8 else None
 
     def read(self, dst: np.ndarray, ids: np.ndarray, which: int, each=None) -> None:
         """dst [H, n, S, d] (a view: positions in a run) <- pages ids of k or v; each(h, block)
@@ -76,7 +98,11 @@ class Tiles:
         def part(first: int) -> None:
             for h in range(first, heads, READERS):  # (np.take would copy the strided rows)
                 starts = (self.offsets[which] + (ids * heads + h) * run) % self.rows.shape[0]
-                dst[h] = self.rows[starts].reshape(dst[h].shape)
+                if self.scale is None:
+                    dst[h] = self.rows[starts].reshape(dst[h].shape)
+                else:
+                    np.multiply(self.rows[starts].reshape(dst[h].shape), self.scale[which, h],
+                                out=dst[h])
                 if each is not None:
                     each(h, dst[h])
         list(_pool().map(part, range(READERS)))
@@ -135,7 +161,8 @@ class Copies:
                 self.tiles.read(dst[:, at], ids, which, hook)
             else:
                 src = getattr(kv, name)[ids]
-                src = f32(src, kv.dtype) if kv.dtype == "bf16" or hook else src
+                if kv.is_fp8 or kv.dtype == "bf16" or hook:  # (fp16, fp32: cast in place)
+                    src = kv_f32(src, kv, name)
                 dst[:, at] = src.transpose(1, 0, 2, 3)
                 for h in range(kv.kv_heads if hook else 0):
                     hook(h, src[:, h])
@@ -150,7 +177,7 @@ class Copies:
             if not box:
                 self.write_kv(kv, part)
                 continue
-            s = f32(kv.summary[self.indices[part]], kv.dtype)                # [n, H, 2, d]
+            s = summary_f32(kv.summary[self.indices[part]], kv)              # [n, H, 2, d]
             self.w.box[:, part] = s.transpose(1, 0, 2, 3).reshape(kv.kv_heads, len(part), -1)
             self.box_stale[part] = False
         return self.w

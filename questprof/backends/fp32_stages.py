@@ -18,7 +18,6 @@ from questprof.core.reference import reserved_positions
 from questprof.core.stages import check_mode
 
 
-
 @dataclass
 class Working:
     """Float32 copies of one layer's cache, head-major in request order (position j = the j-th
@@ -56,6 +55,22 @@ def estimate(q: np.ndarray, w: Working, mode: str = "per-head") -> np.ndarray:
         return u
     u = u.reshape(kv_heads, g, -1)
     return u.max(axis=1) if mode == "shared-max" else u.mean(axis=1, dtype=np.float32)
+
+
+def minmax(keys: np.ndarray, first: np.ndarray, end: np.ndarray):
+    """(min, max) [H, n, d] over slots [first, end) of keys [H, n, S, d] (float32, or the uint8
+    order keys of FP8 codes: backends/fp32_fp8.py)."""
+    size = keys.shape[2]
+    if (first == 0).all() and (end == size).all():
+        return keys.min(axis=2), keys.max(axis=2)
+    slots = np.arange(size)[None, :, None]
+    inside = ((slots >= first[:, None, None]) & (slots < end[:, None, None]))[None]
+    if keys.dtype.kind == "f":
+        big, small = np.inf, -np.inf
+    else:
+        big, small = np.iinfo(keys.dtype).max, np.iinfo(keys.dtype).min
+    big, small = keys.dtype.type(big), keys.dtype.type(small)
+    return np.where(inside, keys, big).min(axis=2), np.where(inside, keys, small).max(axis=2)
 
 
 def _best(u: np.ndarray, m: int) -> np.ndarray:

@@ -6,18 +6,22 @@ backend computes the same stages in float32, the precision the kernels accumulat
 working copies of each cache (backends/fp32_copies.py: head-major, in request order), so each
 stage is a few BLAS calls per request (backends/fp32_stages.py). The `summary` stage re-reads
 the pages of its plan (the slots a caller wrote), so writing K/V and then calling `summary`, the
-protocol's order, keeps the copies current. Its rows say `numpy-fp32`.
+protocol's order, keeps the copies current. FP8 (e4m3) caches run too: their codes decoded into
+the float32 copies once per pool, summaries taken on the codes (backends/fp32_fp8.py). Its rows
+say `numpy-fp32`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from questprof.backends import fp32_stages
+from questprof.backends import fp32_fp8, fp32_stages
 from questprof.backends.arena import Arena
 from questprof.backends.blas import one_thread
-from questprof.backends.fp32_copies import Copies, Tiles, chunks, f32, span
+from questprof.backends.fp32_copies import Copies, Tiles, chunks, f32, span, summary_f32
+from questprof.backends.fp32_stages import minmax
 from questprof.backends.numpy import HostArrays
+from questprof.core.fp8 import E4M3
 from questprof.core.layout import DTYPE_BYTES, AppendPlan, PagedKV, to_storage
 
 _ATTR = "_fp32_copies"  # where put() keeps a cache's working copies (dataclasses.replace drops it)
@@ -33,17 +37,6 @@ def _copies(kv: PagedKV, keep: bool = True) -> Copies | None:
     return copies
 
 
-def _minmax(keys: np.ndarray, first: np.ndarray, end: np.ndarray):
-    """(min, max) [H, n, d] over slots [first, end) of keys [H, n, S, d]."""
-    size = keys.shape[2]
-    if (first == 0).all() and (end == size).all():
-        return keys.min(axis=2), keys.max(axis=2)
-    slots = np.arange(size)[None, :, None]
-    inside = ((slots >= first[:, None, None]) & (slots < end[:, None, None]))[None]
-    return (np.where(inside, keys, np.inf).min(axis=2),
-            np.where(inside, keys, -np.inf).max(axis=2))
-
-
 def _read_summarised(kv: PagedKV, copies: Copies, pos, first, end):
     """(min, max) [H, n, d] of positions pos over slots [first, end), their K and V read into
     the copies on the way, each head's K summarised right after it is read (in cache)."""
@@ -55,7 +48,28 @@ def _read_summarised(kv: PagedKV, copies: Copies, pos, first, end):
     copies.write_kv(kv, pos, each)
     part = (first != 0) | (end != kv.page_size)  # a tail, an append: some slots only
     if part.any():
-        lo[:, part], hi[:, part] = _minmax(copies.w.k[:, pos[part]], first[part], end[part])
+        lo[:, part], hi[:, part] = minmax(copies.w.k[:, pos[part]], first[part], end[part])
+    return lo, hi
+
+
+def _plain_summaries(kv: PagedKV, copies, ids, first, end, pos):
+    """(min, max) [H, n, d] of a plain cache's pages `ids`, written to its summaries (exact:
+    every storage value is a float32) and merged with the stored ones where first > 0."""
+    mine = pos >= 0
+    if mine.all():
+        lo, hi = _read_summarised(kv, copies, pos, first, end)
+    else:
+        if mine.any():
+            copies.write_kv(kv, pos[mine])
+        keys = f32(kv.k[ids], kv.dtype).transpose(1, 0, 2, 3)      # [H, n, S, d]
+        lo, hi = minmax(keys, first, end)
+    old = first > 0
+    if old.any():
+        prev = f32(kv.summary[ids[old]], kv.dtype)                # [m, H, 2, d]
+        lo[:, old] = np.minimum(lo[:, old], prev[:, :, 0].transpose(1, 0, 2))
+        hi[:, old] = np.maximum(hi[:, old], prev[:, :, 1].transpose(1, 0, 2))
+    kv.summary[ids, :, 0] = to_storage(lo.transpose(1, 0, 2), kv.dtype)
+    kv.summary[ids, :, 1] = to_storage(hi.transpose(1, 0, 2), kv.dtype)
     return lo, hi
 
 
@@ -64,6 +78,7 @@ class NumpyFp32Backend(HostArrays):
     tolerance. Its times are CPU times of this path, not GPU kernel times."""
 
     name = "numpy-fp32"
+    kv_dtypes = ("fp16", "bf16", "fp32", E4M3)  # caches it runs (FP8: decoded once per pool)
 
     def __init__(self) -> None:
         self.fallback_reason: str | None = None
@@ -76,7 +91,8 @@ class NumpyFp32Backend(HostArrays):
 
     @staticmethod
     def host_copies(dtype: str) -> float:
-        """Host bytes per byte of pool: the storage, and float32 working copies of it."""
+        """Host bytes per byte of a pool of `dtype` values (the KV cache's: fp8_e4m3 for an FP8
+        pool): the storage, and float32 working copies of it."""
         return 1 + 4 / DTYPE_BYTES[dtype]
 
     def put(self, host_kv: PagedKV, tiles: Tiles | None = None) -> PagedKV:
@@ -108,20 +124,14 @@ class NumpyFp32Backend(HostArrays):
         """Summaries of pages `ids` (distinct); their working copies, if any, read anew."""
         pos = copies.pos[ids] if copies is not None else np.full(len(ids), -1)
         mine = pos >= 0
-        if mine.all():
-            lo, hi = _read_summarised(kv, copies, pos, first, end)
-        else:
+        if kv.is_fp8:  # the min and max of the codes themselves (fp32_fp8.py)
             if mine.any():
                 copies.write_kv(kv, pos[mine])
-            keys = f32(kv.k[ids], kv.dtype).transpose(1, 0, 2, 3)      # [H, n, S, d]
-            lo, hi = _minmax(keys, first, end)
-        old = first > 0
-        if old.any():
-            prev = f32(kv.summary[ids[old]], kv.dtype)                # [m, H, 2, d]
-            lo[:, old] = np.minimum(lo[:, old], prev[:, :, 0].transpose(1, 0, 2))
-            hi[:, old] = np.maximum(hi[:, old], prev[:, :, 1].transpose(1, 0, 2))
-        kv.summary[ids, :, 0] = to_storage(lo.transpose(1, 0, 2), kv.dtype)
-        kv.summary[ids, :, 1] = to_storage(hi.transpose(1, 0, 2), kv.dtype)
+            kv.summary[ids] = fp32_fp8.summaries(kv, ids, first, end)
+            box = summary_f32(kv.summary[ids], kv).transpose(1, 0, 2, 3)    # [H, n, 2, d]
+            lo, hi = box[:, :, 0], box[:, :, 1]
+        else:
+            lo, hi = _plain_summaries(kv, copies, ids, first, end, pos)
         if mine.any():
             p = pos[mine]
             copies.w.box[:, span(p)] = np.concatenate([lo[:, mine], hi[:, mine]], axis=-1)

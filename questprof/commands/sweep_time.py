@@ -1,23 +1,27 @@
-"""How long a sweep will take, said before it starts (sweep_job.announce).
+"""How long a sweep will take, said before it starts (sweep_say.announce), for the
+configurations left to time (a resume counts only those not yet on disk).
 
 On a GPU, seconds per configuration seen on an H200: the longchat-7b main job, 168
 configurations, took 128-134 s with DRAM bytes and end-to-end steps. On a CPU the NumPy fp32
 path's time follows the values it moves: each pool (length, batch, page size) is built once and
 its dense stage reads all of K and V once per pass; each configuration's attention and Quest
-step gather the K and V of their budget. The per-value CPU costs below are those of the full
-main job on the 2-core machine (2026-12-01: 128-151 CPU-s, user + sys, in four runs); the wall
-time is that CPU time over the share of a core this process gets. The machine is shared: the
-main job got 0.65, 0.81, 0.75 and 0.65 of a core (load 4.7, 2.7, 3.6, 2.2-4.4; 209, 172, 170,
-229 s). A half-second probe says how busy the machine is now, but the load moves over a
-3-minute job (a quarter-second probe that saw 0.57 preceded a run that got 0.75), so the share
-used is the mean of the probe and 0.75: the last run announced 3.6 min and took 3.8.
+step gather the K and V of their budget. The per-value CPU costs below are those of the main job
+on the 2-core machine: 148 CPU-s (user + sys; 2026-12-01 at 7d2f648), 81 of them building
+pools, whose reads run on fp32_copies.READERS threads, and 67 timing the stages on one.
+
+The wall time is each part's CPU time over the cores it gets: t threads among L other runnable
+tasks on c cores get min(t, t c / (L + t)) of a core under fair scheduling, L read from the
+1-minute load average when the sweep starts. Measured on that machine: 115 s idle right after
+the install (its load not recorded; 0.5 assumed, what the install leaves), and, shared with
+other work, 210 s at a load of 2.8 rising to 5.3 and 311 s at 4.0 rising to 6.0, where this rule
+says 121, 231 and 298 s. The rule before it (a half-second
+probe of this process's share of one core, averaged with 0.75) announced 3.6 min for the 115 s
+run: it saw neither the second reader thread of a free machine nor a load that stays.
 """
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
+import os
 
 GPU_SECONDS_PER_CONFIG = 0.8
 CPU_START_S = 4.0  # imports, ceilings, the report
@@ -25,29 +29,29 @@ CPU_BUILD_NS = 4.25  # per K/V value of a pool: tile it, read its float32 copies
 CPU_DENSE_NS = 0.38  # per K/V value per timed pass of dense attention
 CPU_SPARSE_NS = 1.0  # per selected K/V value per timed pass of attention and of the Quest step
 CPU_CONFIG_S = 0.04  # per configuration: estimate, top-K, summary, six rows written
-PROBE_S = 0.5
-TYPICAL_SHARE = 0.75  # of a core, the main job's on the shared 2-core machine (above)
 
 
-def core_share(seconds: float = PROBE_S) -> float:
-    """CPU time this process got per second of wall time over `seconds` of NumPy work (1 on a
-    free core, less where other processes share it), clamped to 0.2..1."""
-    a = np.random.default_rng(0).standard_normal(1 << 20, dtype=np.float32)
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    while time.perf_counter() - wall0 < seconds:
-        np.sort(a)
-    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return min(1.0, max(0.2, cpu / wall))
+def cores_for(threads: int, load: float | None = None) -> float:
+    """Cores that `threads` busy threads of this process get among the others' runnable work
+    (`load`: the 1-minute load average, read here when None; 0 where there is none)."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load average on this OS: take a free machine
+            load = 0.0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return min(threads, threads * cores / (load + threads))
 
 
-def cpu_seconds(configs, backend, repeats: int = 3) -> float:
-    """CPU seconds of a sweep of `configs` on the NumPy fp32 path (pools that do not fit in
-    host memory now are skipped rows, which cost nothing)."""
+def cpu_parts(configs, backend, repeats: int = 3) -> tuple[float, float]:
+    """(CPU seconds building pools, CPU seconds of the rest) of a sweep of `configs` on the
+    NumPy fp32 path (pools that do not fit in host memory now are skipped rows: no work)."""
     from questprof.backends import timing_backend
     from questprof.workload.pools import fit_reason
 
-    timed = timing_backend(backend, any(c.model.is_fp8 for c in configs))
-    pools, total = set(), CPU_START_S
+    timed = timing_backend(backend)
+    pools, build, rest = set(), 0.0, CPU_START_S
     for cfg in configs:
         m = cfg.model
         key = (m, cfg.length, cfg.batch, cfg.page_size, cfg.seed)
@@ -56,16 +60,26 @@ def cpu_seconds(configs, backend, repeats: int = 3) -> float:
         values = 2 * cfg.batch * cfg.length * m.kv_heads * m.head_dim
         if key not in pools:
             pools.add(key)
-            total += values * (CPU_BUILD_NS + repeats * CPU_DENSE_NS) * 1e-9
+            build += values * CPU_BUILD_NS * 1e-9
+            rest += values * repeats * CPU_DENSE_NS * 1e-9
         if not cfg.is_dense_budget:
             chosen = 2 * cfg.batch * m.q_heads * cfg.budget * m.head_dim
-            total += 2 * repeats * chosen * CPU_SPARSE_NS * 1e-9
-        total += CPU_CONFIG_S
-    return total
+            rest += 2 * repeats * chosen * CPU_SPARSE_NS * 1e-9
+        rest += CPU_CONFIG_S
+    return build, rest
 
 
-def sweep_seconds(configs, backend) -> float:
-    """About how many seconds a sweep of `configs` on `backend` takes (default timing)."""
+def cpu_seconds(configs, backend, repeats: int = 3) -> float:
+    """CPU seconds of a sweep of `configs` on the NumPy fp32 path."""
+    return sum(cpu_parts(configs, backend, repeats))
+
+
+def sweep_seconds(configs, backend, load: float | None = None) -> float:
+    """About how many seconds a sweep of `configs` on `backend` takes (default timing; on a
+    CPU at the load average `load`, read now when None)."""
     if backend.is_gpu:
         return len(configs) * GPU_SECONDS_PER_CONFIG
-    return cpu_seconds(configs, backend) / ((core_share() + TYPICAL_SHARE) / 2)
+    from questprof.backends.fp32_copies import READERS
+
+    build, rest = cpu_parts(configs, backend)
+    return build / cores_for(READERS, load) + rest / cores_for(1, load)

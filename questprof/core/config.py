@@ -194,6 +194,19 @@ class ModelShape:
         """Query heads per KV head (1 = MHA)."""
         return self.q_heads // self.kv_heads
 
+    def text(self) -> str:
+        """The shape in words, one GPU's under tensor parallelism: '32 layers, 16 q / 4 KV
+        heads of 128 dims per GPU of tensor parallelism 2, bf16'."""
+        heads = (f"{self.q_heads} q / {self.kv_heads} KV head{'s' * (self.kv_heads > 1)} of "
+                 f"{self.head_dim} dims")
+        if self.tp > 1:
+            heads += f" per GPU of tensor parallelism {self.tp}"
+        cache = self.dtype
+        if self.is_fp8:
+            cache = (f"{self.dtype} queries over an {self.kv_dtype} cache ({self.summary_dtype} "
+                     f"summaries, scales per {self.kv_scale})")
+        return f"{self.layers} layers, {heads}, {cache}"
+
 
 def check_modes(modes) -> tuple[str, ...]:
     """The modes without repeats, in order; ConfigError naming the first unknown one."""

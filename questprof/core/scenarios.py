@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: tomli has the same API
     import tomli as tomllib
 
-NOT_SCENARIOS = {"bench"}  # scenarios/bench.toml holds bench cases and goals, not a sweep
+BENCH_KEY = "case"  # a TOML file with [[case]] tables is a bench file (questprof bench --cases)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,14 @@ class ShapeOptions:
         return cls(args.get("kv_dtype"), args.get("summary_dtype"), args.get("kv_scale"),
                    args.get("tp"))
 
+    def given(self) -> list[str]:
+        """The fields given on the command line, in order."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) is not None]
+
+    def flags(self, names) -> str:
+        """'--kv-dtype int8 --tp 0': the flags of `names` as the command line gave them."""
+        return " ".join(f"--{n.replace('_', '-')} {getattr(self, n)}" for n in names)
+
     @property
     def plain_dtype(self) -> str | None:
         """The dtype --kv-dtype gives queries and cache alike (None for FP8 or not given)."""
@@ -78,7 +87,9 @@ class ShapeOptions:
 # The grid of a config.json, which holds none (said before a run: Scenario.note)
 HF_GRID = Grid(lengths=tuple(8192 << i for i in range(5)), batches=(1, 8), page_sizes=(16,),
                budgets=(1024, 2048, 4096))
-HF_GRID_TEXT = "lengths 8k..128k, batch 1,8, page size 16, budgets 1024,2048,4096, per-head"
+# HF_GRID in words, by the sweep argument that replaces each part
+HF_GRID_WORDS = {"lengths": "lengths 8k..128k", "batch": "batch 1,8", "page_size": "page size 16",
+                 "budget": "budgets 1024,2048,4096", "mode": "per-head"}
 
 
 def _sizes(value, field_name: str, where: str) -> tuple[int, ...]:
@@ -139,9 +150,9 @@ def _typed(table: dict, fields: dict, prefix: str, where: str) -> dict:
     return out
 
 
-def model_shape(fields: dict, options: ShapeOptions, where: str) -> ModelShape:
+def _split_shape(fields: dict, options: ShapeOptions) -> ModelShape:
     """One GPU's ModelShape from a model's fields (heads of the whole model, `tp` among them)
-    and the command line's changes; one ConfigError line naming `where` when they clash."""
+    and the command line's changes."""
     fields = dict(fields)
     tp = fields.pop("tp", 1)
     tp = tp if options.tp is None else options.tp
@@ -155,15 +166,44 @@ def model_shape(fields: dict, options: ShapeOptions, where: str) -> ModelShape:
     for name in ("summary_dtype", "kv_scale"):
         if getattr(options, name) is not None:
             fields[name] = getattr(options, name)
+    return tensor_parallel(ModelShape(**fields), tp)
+
+
+def model_shape(fields: dict, options: ShapeOptions, where: str) -> ModelShape:
+    """_split_shape, checked in two steps so that one ConfigError line blames its source: the
+    model's own fields first (naming `where`, the file), then the command line's changes
+    (naming the flag that fails alone, else every flag given)."""
     try:
-        return tensor_parallel(ModelShape(**fields), tp)
+        shape = _split_shape(fields, ShapeOptions())
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
+    given = options.given()
+    if not given:
+        return shape
+    try:
+        return _split_shape(fields, options)
+    except ConfigError as exc:
+        alone = [n for n in given if not _fits(fields, ShapeOptions(**{n: getattr(options, n)}))]
+        flags, said = options.flags(alone[:1] or given), str(exc)
+        if said.startswith(flags[2:]):  # "tp 3: ..." said of --tp 3: "--tp 3: ..."
+            raise ConfigError(f"--{said}") from None
+        raise ConfigError(f"{flags}: {said}") from None
+
+
+def _fits(fields: dict, options: ShapeOptions) -> bool:
+    try:
+        _split_shape(fields, options)
+    except ConfigError:
+        return False
+    return True
 
 
 def _parse_scenario(data: dict, path: Path, options: ShapeOptions) -> Scenario:
     where = str(path)
+    if BENCH_KEY in data:
+        raise ConfigError(f"{where} is a bench file of cases, not a sweep scenario: run it with "
+                          f"questprof bench --cases {path}")
     unknown = sorted(set(data) - {"model", "grid", "description", "source"})
     if unknown:
         raise ConfigError(f"{where}: unknown field {unknown[0]} (expected [model], [grid], "
@@ -189,9 +229,17 @@ def _parse_scenario(data: dict, path: Path, options: ShapeOptions) -> Scenario:
                     source=data.get("source", ""))
 
 
+def _is_bench_file(path: Path) -> bool:
+    """A TOML file of bench cases (scenarios/bench.toml, shapes.toml), not a sweep scenario."""
+    try:
+        return BENCH_KEY in tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+
+
 def list_scenarios() -> list[str]:
-    """Names of the scenarios shipped in SCENARIOS_DIR."""
-    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml") if p.stem not in NOT_SCENARIOS)
+    """Names of the scenarios shipped in SCENARIOS_DIR (bench files left out)."""
+    return sorted(p.stem for p in Path(SCENARIOS_DIR).glob("*.toml") if not _is_bench_file(p))
 
 
 def _scenario_path(name_or_path) -> Path:
@@ -222,13 +270,22 @@ def load_scenario(name_or_path, options: ShapeOptions | None = None) -> Scenario
     if path.suffix == ".json":
         fields, note = shape_fields(path, options.plain_dtype)
         shape = model_shape(fields, options, str(path))
-        note = f"{note}; a config.json holds no grid: {HF_GRID_TEXT} unless given"
         return Scenario(shape.name, shape, HF_GRID, path, note, note, str(path))
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     return _parse_scenario(data, path, options)
+
+
+def grid_note(scenario: Scenario, args: dict) -> str:
+    """What a config.json's run takes from HF_GRID, which it holds no grid of: the parts that
+    `args` (sweep arguments, None: not given) leave to it; '' for a scenario file or when every
+    part is given."""
+    used = [words for name, words in HF_GRID_WORDS.items() if args.get(name) is None]
+    if scenario.path.suffix != ".json" or not used:
+        return ""
+    return f"a config.json holds no grid: using {', '.join(used)}"
 
 
 def _override(value, default, what: str) -> tuple[int, ...]:

@@ -266,6 +266,15 @@ def unmeasured(df: pd.DataFrame, where: str | None) -> list[str]:
     return ["Ranked by speed alone: what each setting loses in attention was not measured "
             "(no fidelity rows in this directory).",
             f"Add real-model fidelity to this directory with: {command}",
-            f"With --model PATH (a transformers folder of {_model(timed).name or 'the model'}) "
-            "it measures the sweep's own model instead of SmolLM2-135M as a proxy."]
+            f"With --model PATH (a transformers folder or .gguf file of {_shaped(timed)}) it "
+            "measures that model instead of SmolLM2-135M as a proxy."]
+
+
+def _shaped(timed: pd.DataFrame) -> str:
+    """'a model of the shape timed here: ...': a scenario (smoke) names a shape, not a model."""
+    shape = _model(timed).shape
+    if shape is None:
+        return "a model of the shape timed here"
+    q, kv, d, layers = shape
+    return f"a model of the shape timed here: {q} q / {kv} KV heads of {d} dims, {layers} layers"
 

@@ -116,7 +116,7 @@ def _copies(backend, cfg) -> float:
         return 1
     own = getattr(backend, "host_copies", None)
     if own is not None:
-        return own(cfg.model.dtype)
+        return own(model.kv_dtype(cfg.model))
     return HOST_COPIES * (2 if cfg.model.is_fp8 else 1)
 
 
