@@ -237,11 +237,15 @@ def phase_table(phases: dict, total: float) -> list[str]:
 
 def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
     """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
-    when the rows hold no Quest fidelity to build it from."""
+    when the rows hold no Quest fidelity to build it from, or when every layer of the table
+    would stay dense (said instead: timed, it is dense attention under Quest's name)."""
     from questprof.core.budgets import write_table
-    from questprof.report.budgets import per_layer, saving_line
+    from questprof.report.budgets import all_dense_line, per_layer, saving_line
     got = per_layer(load(out_dir)[0], min_recall)
     if got is None:
+        return None
+    if all_dense_line(got):
+        log(f"{all_dense_line(got)} No budgets.toml is written.")
         return None
     path = write_table(got.table, Path(out_dir) / "budgets.toml")
     log(f"{saving_line(got)} Written to {path}: time it with questprof sweep --budgets-file "
