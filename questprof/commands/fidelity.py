@@ -202,7 +202,11 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     phases["backend"] = time.perf_counter() - started
     request = with_dtype(request, backend)
     out_dir = Path(out_dir)
-    produced = fidelity_rows(request, backend, log, phases)
+    pace = None
+    if request.source not in ("synthetic", "cache"):  # minutes: say how many first
+        from questprof.commands.fidelity_time import announce
+        pace = announce(request, backend, log)
+    produced = fidelity_rows(request, backend, log, phases, pace)
     first = next(produced, None)  # a bad model or cache file fails here, before out_dir exists
     meta = _joined_meta(out_dir, _meta(request, backend, command, min_recall, stamp))
     joined = "fidelity_command" in meta
