@@ -17,7 +17,6 @@ from pathlib import Path
 import pandas as pd
 
 from questprof.core import model
-from questprof.core.config import ConfigError
 from questprof.core.stages import ROW_STAGES
 
 ROWS = "rows.jsonl"
@@ -40,7 +39,6 @@ TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_
 BYTES_TOLERANCE = 0.05
 MIN_JUDGED_BYTES = 1 << 20
 OURS = "ours"  # impl of our kernels; peers are named "torch-sdpa", "torch-naive", "torch-gather"
-VERDICTS = ("SAME", "FASTER", "SLOWER", "NOISY", "MISSING")
 STAGE_ORDER = ROW_STAGES  # the order of the rows of one configuration
 
 
@@ -216,81 +214,3 @@ def done_keys(out_dir) -> set[tuple[str, str, str]]:
     """(config_key, stage, impl) of every row already on disk (ok or skipped), for resuming."""
     return {(r["config_key"], r["stage"], r.get("impl") or OURS) for r in read_rows(out_dir)
             if r.get("config_key") and r.get("stage")}
-
-
-# Fewer timed passes than this leave p20..p80 resting on two or three samples: two back-to-back
-# CPU smoke runs at 3 passes gave 4 SLOWER and 14 FASTER of 24 rows.
-MIN_REPEATS = 5
-
-
-def _spread(row: pd.Series, side: str) -> float:
-    """p20..p80 width of one side relative to its median."""
-    return (row[f"p80_ms_{side}"] - row[f"p20_ms_{side}"]) / row[f"median_ms_{side}"]
-
-
-def _verdict(row: pd.Series, threshold: float, few_repeats: bool = False) -> str:
-    """B against A: MISSING unless both are 'ok'; NOISY when either run timed fewer than
-    MIN_REPEATS passes or either side's p20..p80 spread exceeds `threshold` of its median (a
-    change of that size could be noise); else SLOWER / FASTER when the spreads do not overlap
-    and the medians differ by more than `threshold` (a fraction), else SAME."""
-    if row["status_a"] != "ok" or row["status_b"] != "ok":
-        return "MISSING"
-    if few_repeats or max(_spread(row, "a"), _spread(row, "b")) > threshold:
-        return "NOISY"
-    ratio = row["median_ms_b"] / row["median_ms_a"]
-    if row["p20_ms_b"] > row["p80_ms_a"] and ratio > 1 + threshold:
-        return "SLOWER"
-    if row["p80_ms_b"] < row["p20_ms_a"] and ratio < 1 - threshold:
-        return "FASTER"
-    return "SAME"
-
-
-COMPARE_KEYS = ("model", "dtype", "length", "batch", "page_size", "budget", "mode", "stage",
-                "impl")
-
-
-def _repeats(meta: dict) -> int | None:
-    """Timed passes per stage the run recorded (meta.json timing.repeats), None when unknown."""
-    repeats = (meta.get("timing") or {}).get("repeats")
-    return int(repeats) if isinstance(repeats, (int, float)) else None
-
-
-def _side(out_dir) -> tuple[pd.DataFrame, int | None]:
-    df, meta = load(out_dir)
-    df = df.copy()
-    df["impl"] = df["impl"].fillna(OURS) if "impl" in df else OURS  # rows before impl existed
-    return df, _repeats(meta)
-
-
-def compare(dir_a, dir_b, threshold: float = 0.05) -> pd.DataFrame:
-    """Per configuration, stage and implementation: median_a, median_b (ms), ratio b/a and the
-    verdict of B vs A (SAME, FASTER, SLOWER, NOISY, MISSING; see _verdict)."""
-    if not (math.isfinite(threshold) and threshold >= 0):
-        raise ConfigError(f"threshold {threshold} must be a fraction >= 0 (0.05 = 5%)")
-    (a, repeats_a), (b, repeats_b) = _side(dir_a), _side(dir_b)
-    few = any(r is not None and r < MIN_REPEATS for r in (repeats_a, repeats_b))
-    keys = [k for k in COMPARE_KEYS if k in a.columns and k in b.columns]
-    cols = keys + ["status", "median_ms", "p20_ms", "p80_ms"]
-    both = a[cols].merge(b[cols], on=keys, how="outer", suffixes=("_a", "_b"))
-    both["verdict"] = [_verdict(row, threshold, few) for _, row in both.iterrows()]
-    both["ratio"] = both["median_ms_b"] / both["median_ms_a"]
-    rank = both["stage"].map({s: i for i, s in enumerate(STAGE_ORDER)})
-    both = both.assign(_rank=rank).sort_values([*keys[:-2], "_rank", "impl"], kind="stable")
-    out = both[keys + ["median_ms_a", "median_ms_b", "ratio", "verdict"]].reset_index(drop=True)
-    known = [r for r in (repeats_a, repeats_b) if r is not None]
-    out.attrs["note"] = compare_note(out["verdict"], threshold, min(known, default=MIN_REPEATS))
-    return out
-
-
-def compare_note(verdicts: pd.Series, threshold: float, repeats: int) -> str | None:
-    """One line on why rows are NOISY (and what to do), None when none is."""
-    noisy = int((verdicts == "NOISY").sum())
-    if not noisy:
-        return None
-    if repeats < MIN_REPEATS:
-        why = (f"a run timed {repeats} passes per stage, too few for a p20..p80 spread; "
-               f"time both with --repeats {MIN_REPEATS} or more")
-    else:
-        why = (f"their p20..p80 spread exceeds the threshold ({threshold:.0%} of the median): "
-               "time with more --repeats or on a quieter machine")
-    return f"{noisy} of {len(verdicts)} rows are too noisy to judge (NOISY): {why}."

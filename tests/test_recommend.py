@@ -142,10 +142,10 @@ def test_a_sweep_without_fidelity_says_it_ranks_by_speed_alone(tmp_path):
     assert command in html
     assert "by speed alone: what each setting loses in attention was not measured" in html
     lines = glance_lines(df, {}, "somewhere")
-    assert lines[1].endswith("--out somewhere")
+    assert lines[0].startswith("On this machine") and lines[2].endswith("--out somewhere")
     # a scenario such as smoke is a shape, not a transformers folder: the line says the shape
     assert "--model PATH (a transformers folder or .gguf file of a model of the shape timed " \
-        "here: 32 q / 32 KV heads of 128 dims, 32 layers)" in lines[2], lines[2]
+        "here: 32 q / 32 KV heads of 128 dims, 32 layers)" in lines[3], lines[3]
     assert glance_lines(df, {"command": "questprof bench --out b"}) == []  # no choice to make
 
 

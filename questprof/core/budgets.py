@@ -5,7 +5,7 @@ smallest budget whose 10th-percentile mass recall over the layer's heads reaches
 `questprof sweep --budgets-file budgets.toml` times the Quest step with each layer's budget.
 The file:
 
-    model = "SmolLM2-135M-Instruct.Q4_1"   # what the table was measured on (context)
+    model = "SmolLM2-135M"                    # what the table was measured on (context)
     page_size = 16
     mode = "per-head"
     min_recall = 0.9                          # the floor every sparse layer reaches

@@ -9,13 +9,16 @@ weights cannot be carried.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from questprof.core.config import ConfigError
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_NAME = "SmolLM2-135M"  # as README and the reports name it (rows once said the file's stem)
 ROPE_THETA = 100000.0  # SmolLM2's (from its GGUF); a random model's attention is not judged
 
 
@@ -65,6 +68,21 @@ def _random(name: str, seed: int) -> LoadedModel:
     return LoadedModel(model, None, f"random:{shape.name}", context)
 
 
+@contextmanager
+def _quiet_gguf():
+    """transformers' GGUF loader draws its own tqdm bar past disable_progress_bar ("Converting
+    and de-quantizing GGUF tensors", eleven lines in a log): off inside the block."""
+    from transformers import modeling_gguf_pytorch_utils as gguf
+    bar = getattr(gguf, "tqdm", None)
+    if bar is not None:
+        gguf.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            gguf.tqdm = bar
+
+
 def _from_path(path: Path):
     """(model, tokenizer) from a .gguf file or a transformers folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,8 +91,30 @@ def _from_path(path: Path):
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     kw = {"gguf_file": path.name}
-    return (AutoModelForCausalLM.from_pretrained(path.parent, **kw),
-            AutoTokenizer.from_pretrained(path.parent, **kw))
+    with _quiet_gguf():
+        return (AutoModelForCausalLM.from_pretrained(path.parent, **kw),
+                AutoTokenizer.from_pretrained(path.parent, **kw))
+
+
+def model_name(spec: str) -> str:
+    """The name rows and progress lines give the model of `spec`."""
+    if spec == "smollm2":
+        return SMOLLM2_NAME
+    return spec if spec.startswith("random:") else Path(spec).expanduser().stem
+
+
+def known_shape(spec: str):
+    """The ModelShape of `spec` before loading it, where a file says it ('smollm2': its
+    scenario; 'random:<scenario>'; a transformers folder's config.json), else None."""
+    from questprof.core.scenarios import load_scenario
+    name = {"smollm2": "smollm2-135m"}.get(spec, spec.split(":", 1)[-1])
+    path = Path(name).expanduser()
+    if spec != "smollm2" and not spec.startswith("random:") and not path.is_dir():
+        return None
+    try:
+        return load_scenario(name).model
+    except ConfigError:
+        return None
 
 
 def load_model(spec: str, seed: int = 0) -> LoadedModel:
@@ -92,4 +132,4 @@ def load_model(spec: str, seed: int = 0) -> LoadedModel:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"model {path} cannot be loaded by transformers: {first}") from None
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    return LoadedModel(model.eval().to(device()), tokenizer, path.stem, context)
+    return LoadedModel(model.eval().to(device()), tokenizer, model_name(spec), context)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -11,6 +11,7 @@ from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
+from questprof.fidelity.pace import Pace, heartbeat, model_dims, shape_dims
 from questprof.fidelity.selectors import evaluate_selectors, has_quest, others
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
@@ -133,12 +134,21 @@ def chunk_size(model, tokens: int, memory: int | None = None) -> int:
 
 class _Tally:
     """Seconds spent per phase of one length, summed over its chunks; each phase logged and
-    added to `phases` (the whole run's)."""
+    added to `phases` (the whole run's); while a phase runs, a progress line every
+    PROGRESS_SECONDS, with the phase's expected seconds (`expected`) where known."""
 
-    def __init__(self, log, what: str, phases: dict | None = None) -> None:
+    def __init__(self, log, what: str, phases: dict | None = None,
+                 expected: dict | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.log, self.what = log, what
         self.phases = {} if phases is None else phases
+        self.expected = expected or {}
+
+    def beat(self, phase: str, share: float = 1.0):
+        """The progress lines of `phase` (a share of this length's work: one chunk's)."""
+        expected = self.expected.get(phase)
+        return heartbeat(self.log, f"{self.what}: {phase}",
+                         expected * share if expected else None)
 
     def add(self, phase: str, started: float, on=None) -> None:
         """Time since `started` to `phase`, once the device of tensor `on` (if any) is idle."""
@@ -162,21 +172,26 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
     either way."""
     from questprof.fidelity.device_eval import evaluate_captured
     from questprof.fidelity.model_run import base_indexes, capture
-    grid, answers = request.grid, {}
+    grid, answers, share = request.grid, {}, min(1.0, len(chunk) / request.prompts)
     with one_thread():
         started = time.perf_counter()
-        captured = capture(loaded, chunk, request.steps, source)
+        with tally.beat("capture", share):
+            captured = capture(loaded, chunk, request.steps, source)
         tally.add("capture", started, captured.queries)
         started = time.perf_counter()
-        bases = {s: base_indexes(captured, backend, s, grid.dtype, 0) for s in grid.page_sizes}
+        with tally.beat("index", share):
+            bases = {s: base_indexes(captured, backend, s, grid.dtype, 0)
+                     for s in grid.page_sizes}
         tally.add("index", started)
         started = time.perf_counter()
-        quest = evaluate_captured(captured, backend, grid, bases) if has_quest(grid) else {}
-        metrics = with_selectors(quest, captured.captures if others(grid) else [], grid)
+        with tally.beat("metrics", share):
+            quest = evaluate_captured(captured, backend, grid, bases) if has_quest(grid) else {}
+            metrics = with_selectors(quest, captured.captures if others(grid) else [], grid)
         tally.add("metrics", started)
         if request.task and (chunk[0].answer or loaded.tokenizer is None):
             started = time.perf_counter()
-            answers = _task(loaded, chunk, captured, bases, request)
+            with tally.beat("task", share):
+                answers = _task(loaded, chunk, captured, bases, request)
             tally.add("task", started)
     return metrics, answers, captured.infos, _meta(captured, request, backend, source, source)
 
@@ -197,21 +212,39 @@ def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
     return answers
 
 
-def model_rows(request: Request, backend, log, phases: dict | None = None):
-    """Captures of a real model's decode steps on passkey or natural prompts, then the task;
-    seconds per phase added to `phases`."""
-    from questprof.fidelity.model_run import check_fits
-    from questprof.fidelity.models import load_model
-    started = time.perf_counter()
-    loaded = load_model(request.model, request.seed)
+def _load(request: Request, log, phases: dict | None, pace: Pace):
+    """The loaded model, with progress lines while it loads; where its shape was not known
+    before (the run's announcement then had no estimate), the estimate of the rest after."""
+    from questprof.fidelity.models import known_shape, load_model, model_name
+    shape = known_shape(request.model)
+    expected = pace.expected(shape_dims(shape) if shape is not None else None, request)
+    name, started = model_name(request.model), time.perf_counter()
+    with heartbeat(log, f"{name}: load", expected.get("load")):
+        loaded = load_model(request.model, request.seed)
     _Tally(log, loaded.name, phases).add("load", started)
+    if not expected:
+        rest = pace.expected(model_dims(loaded.model), request)
+        log(f"{loaded.name}: the rest takes about "
+            f"{sum(v for k, v in rest.items() if k != 'load') / 60:.1f} min")
+    return loaded
+
+
+def model_rows(request: Request, backend, log, phases: dict | None = None,
+               pace: Pace | None = None):
+    """Captures of a real model's decode steps on passkey or natural prompts, then the task;
+    seconds per phase added to `phases`; progress lines paced by `pace`."""
+    from questprof.fidelity.model_run import check_fits
+    pace = pace or Pace()
+    loaded = _load(request, log, phases, pace)
+    dims = model_dims(loaded.model)
     source = request.source if loaded.tokenizer is not None else "random-tokens"
     for length in request.lengths:
         batch = _prompts(loaded, request, _prompt_tokens(loaded, length, request.steps))
         for prompt in batch:  # fail before the first capture when any prompt is too long
             check_fits(loaded, prompt, request.steps)
         size = chunk_size(loaded.model, len(batch[0].ids) + request.steps)
-        tally = _Tally(log, f"{loaded.name} {length} tokens", phases)
+        expected = pace.expected(dims, replace(request, lengths=(length,)))
+        tally = _Tally(log, f"{loaded.name} {length} tokens", phases, expected)
         parts, answers, infos = [], {}, []
         for i in range(0, len(batch), size):
             metrics, got, info, meta = _chunk(loaded, batch[i:i + size], request, backend,
@@ -247,11 +280,13 @@ def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, lengt
         yield row
 
 
-def fidelity_rows(request: Request, backend, log=lambda msg: None, phases: dict | None = None):
+def fidelity_rows(request: Request, backend, log=lambda msg: None, phases: dict | None = None,
+                  pace: Pace | None = None):
     """Every result row of `request`, as they are ready (a generator); a real model's run adds
-    its seconds per phase (load, capture, index, metrics, task, rows) to `phases`."""
+    its seconds per phase (load, capture, index, metrics, task, rows) to `phases` and logs
+    progress lines paced by `pace`."""
     if request.source in ("synthetic", "cache"):
         yield from {"synthetic": synthetic_rows, "cache": cache_rows}[request.source](
             request, backend, log)
     else:
-        yield from model_rows(request, backend, log, phases)
+        yield from model_rows(request, backend, log, phases, pace)

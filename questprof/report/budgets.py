@@ -130,17 +130,32 @@ def saving_line(got: LayerBudgets) -> str:
             f"{abs(saved):.0%} {'less' if saved >= 0 else 'more'}.")
 
 
+def all_dense_line(got: LayerBudgets) -> str | None:
+    """The sentence for a table that keeps every layer dense (None when a layer is sparse):
+    timed, it would be dense attention under Quest's name, so there is nothing to time."""
+    t = got.table
+    if t.largest is not None:
+        return None
+    return (f"No budget measured below the context reaches the floor {t.min_recall:g} in any "
+            f"sparse layer (page {t.page_size}, {t.mode}, {t.info.get('source')} at "
+            f"{t.info.get('length')} tokens): every layer would stay dense, so there is no "
+            "per-layer table to time; raise the budget or lower --min-recall.")
+
+
 def section_html(df: pd.DataFrame, floor: float) -> str:
-    """The per-layer table and its byte saving ('' without rows to build it from)."""
+    """The per-layer table and its byte saving, or why there is none to time ('' without rows
+    to build it from)."""
     got = per_layer(df, floor)
     if got is None:
         return ""
+    dense = all_dense_line(got)
+    said = esc(dense) if dense else (f"{esc(saving_line(got))} Time it with <code>questprof "
+                                     "sweep --budgets-file budgets.toml</code>.")
     shown = got.layers.assign(
         budget=got.layers["budget"].map(lambda b: "dense" if pd.isna(b) else str(int(b))),
         p10=got.layers["p10"].map(lambda v: "–" if pd.isna(v) else f"{v:.3f}"))
     return ("<h3>Per-layer budgets (budgets.toml)</h3>"
-            f"<p>{esc(saving_line(got))} Time it with <code>questprof sweep --budgets-file "
-            "budgets.toml</code>.</p>"
+            f"<p>{said}</p>"
             + table(shown, {"layer": "layer", "budget": "budget (tokens)",
                             "p10": "p10 mass recall at it", "why": "note"},
                     "budgets-table", numeric={"layer", "budget", "p10"}))

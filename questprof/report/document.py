@@ -26,6 +26,7 @@ from questprof.core.fp8 import E4M3
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes
 from questprof.report import fidelity as fidelity_report
 from questprof.report import selectors as selectors_report
+from questprof.report import verdict
 from questprof.report.frames import CPU_BANNER, PANEL, fmt_tokens, fmt_x
 from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
 
@@ -143,17 +144,19 @@ def _context_parallel(df: pd.DataFrame) -> str:
     return parallel.section(df)
 
 
-def _header(df: pd.DataFrame, meta: dict) -> str:
+def _header(df: pd.DataFrame, meta: dict, parts, timed: bool) -> tuple[str, str]:
+    """Title, command, banners and the navigation of the sections `parts` on the page. The CPU
+    banner stands only over times: a fidelity-only run on a CPU has none."""
     backends = set(df["backend"].dropna()) if "backend" in df else set()
     cpu = str(meta.get("backend")).startswith("numpy") or (  # numpy, numpy-fp32
         bool(backends) and all(str(b).startswith("numpy") for b in backends))
     gpu = (meta.get("machine") or {}).get("gpu") or ("the CPU" if cpu else "an unknown GPU")
     title = f"questprof: {meta.get('scenario', 'run')} on {gpu}"
-    banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu else ""
+    banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu and timed else ""
     if meta.get("fallback_reason"):
         banner += f"<p class=\"banner\">Fell back: {esc(meta['fallback_reason'])}</p>"
     banner += _cache_note(df)
-    nav = " ".join(f"<a href=\"#{a}\">{t}</a>" for a, t in SECTIONS + fidelity_report.nav(df))
+    nav = " ".join(f"<a href=\"#{a}\">{esc(t)}</a>" for a, t, *_ in parts)
     command = f"<p class=\"note\"><code>{esc(meta['command'])}</code></p>" if meta.get("command") else ""
     return f"<h1>{esc(title)}</h1>{command}{banner}<nav>{nav}</nav>", title
 
@@ -175,8 +178,11 @@ LEDES = {
               "attention is faster than dense, and how close it gets to the ideal 1/rho at the "
               "longest length measured.",
     "crossover": "Time per layer (median) against context length. Coloured bands: Quest's "
-                 "stages stacked; dotted black: dense. The dashed line marks where Quest starts "
-                 "to win and stays ahead.",
+                 "stages stacked, each its share of the three timed apart, scaled to the Quest "
+                 "step timed as one pass, so they stack to the Quest total (where the budget "
+                 "covers the length, Quest is dense attention: one attention band); dotted "
+                 "black: dense. The dashed line marks where Quest starts to win (the p20..p80 "
+                 "spreads apart) and stays ahead; a speedup within them is a tie.",
     "speedup": "Dense median / Quest median per layer (solid) against the ideal 1/rho = "
                "1 / (1/S + K/P) (dashed): the gap is what the kernels leave on the table.",
     "roofline": "Each kernel of each configuration at its modelled arithmetic intensity and "
@@ -202,11 +208,28 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
     """The HTML body, the title and whether any figure was drawn."""
     every, df = df, selectors_report.quest_only(df)  # other selectors: their own section
     pairs = frames.paired(df)
-    header, title = _header(df, meta)
+    have = not pairs.empty
+    fidelity = fidelity_report.sections(df, meta)  # [] without fidelity rows
+    pick = fidelity_report.recommended(df, meta)
+    said = verdict.sentence(pairs, df, meta, pick)
+    top = (f"<p class=\"verdict\">{esc(said)}</p>" if said else "") + fidelity_report.glance(
+        df, meta, selectors_report.glance_lines(every, meta))
+    if not have and fidelity:  # a fidelity-only run: no timing section, nothing to pair
+        parts = _fidelity_only(top, fidelity, selectors_report.sections(every, meta), meta)
+    else:
+        parts = _timing_parts(df, meta, pairs, top) + fidelity
+        parts += selectors_report.sections(every, meta)
+    header, title = _header(df, meta, parts, have)
+    body = header + "".join(section(*part) for part in parts)
+    return body, title, "plotly-graph-div" in body
+
+
+def _timing_parts(df: pd.DataFrame, meta: dict, pairs: pd.DataFrame, top: str) -> list:
+    """(anchor, title, lede, html) of the glance and the timing sections 1-8."""
     have = not pairs.empty
     empty = "<p>No measured rows: every row was skipped (see the list above).</p>"
     content = {
-        "glance": _glance(pairs, df, meta) + _skipped(df),
+        "glance": top + _glance(pairs, df, meta) + _skipped(df),
         "crossover": _crossover(pairs) if have else empty,
         "speedup": _speedup(pairs) if have else empty,
         "roofline": _roofline(df, meta),
@@ -214,16 +237,39 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
         "heatmap": _heatmaps(pairs, meta) if have else empty,
         "amdahl": _amdahl(df, pairs),
         "cp": _context_parallel(df),
-        "machine": meta_table(meta, clocks(df)),
+        "machine": meta_table(_as_timed(meta, df), clocks(df)),
     }
-    fidelity = fidelity_report.sections(df, meta)  # [] without fidelity rows
-    content["glance"] = (fidelity_report.glance(df, meta, selectors_report.glance_lines(every, meta))
-                         + content["glance"])
-    # a fidelity-only run has no timing rows: its report skips the empty timing sections
-    shown = SECTIONS if have or not fidelity else (SECTIONS[0], SECTIONS[-1])
-    body = header + "".join(section(a, t, LEDES[a], content[a]) for a, t in shown)
-    body += "".join(section(*part) for part in fidelity + selectors_report.sections(every, meta))
-    return body, title, "plotly-graph-div" in body
+    return [(a, t, LEDES[a], content[a]) for a, t in SECTIONS]
+
+
+FIDELITY_ONLY_LEDE = (
+    "What each page size and budget keeps of dense attention, and the setting the fidelity "
+    "floor recommends. This run timed nothing: to set speed against fidelity, point "
+    "<code>questprof fidelity --out</code> at a sweep's results directory.")
+
+
+def _fidelity_only(top: str, fidelity: list, selectors: list, meta: dict) -> list:
+    """The sections of a run without timing rows: the glance, fidelity (no frontier: it needs
+    speed), the selectors, the machine; unnumbered, as sections 1-7 are not there."""
+    kept = [part for part in fidelity if part[0] != "frontier"] + selectors
+    parts = [("glance", "At a glance", FIDELITY_ONLY_LEDE, top)]
+    parts += [(a, t.split(". ", 1)[-1], *rest) for a, t, *rest in kept]
+    machine = SECTIONS[-1]
+    return parts + [(machine[0], machine[1].split(". ", 1)[-1], LEDES["machine"],
+                     meta_table(meta, {}))]
+
+
+def _as_timed(meta: dict, df: pd.DataFrame) -> dict:
+    """meta with timing.graph as the rows were timed: a CPU run asked for CUDA graphs (the
+    default) and showed `graph True` over perf-counter passes."""
+    timing = meta.get("timing")
+    methods = set(df["method"].dropna()) if "method" in df else set()
+    if not isinstance(timing, dict) or not timing.get("graph") or not methods:
+        return meta
+    if "cuda-graph" in methods:
+        return meta
+    return {**meta, "timing": {**timing, "graph": f"False (asked; timed by "
+                                                   f"{', '.join(sorted(methods))})"}}
 
 
 def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
@@ -242,8 +288,15 @@ def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
 
 
 def glance_lines(df: pd.DataFrame, meta: dict, out_dir=None) -> list[str]:
-    """The recommendation of "At a glance" as plain sentences, for the command line."""
+    """The verdict and the recommendation of "At a glance" as plain sentences, for the command
+    line (a bench or a byte check has no setting to judge: none)."""
     where = {"results_dir": str(out_dir)} if out_dir is not None else {}
     meta = {**where, **(meta or {})}
-    return (fidelity_report.glance_lines(selectors_report.quest_only(df), meta)
-            + selectors_report.glance_lines(df, meta))
+    quest = selectors_report.quest_only(df)
+    lines = (fidelity_report.glance_lines(quest, meta)
+             + selectors_report.glance_lines(df, meta))
+    if str(meta.get("command") or "").split()[1:2] in (["bench"], ["bytes"]):
+        return lines
+    said = verdict.sentence(frames.paired(quest), quest, meta,
+                            fidelity_report.recommended(quest, meta))
+    return [said] + lines if said else lines

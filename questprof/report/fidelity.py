@@ -224,8 +224,3 @@ def sections(df: pd.DataFrame, meta: dict) -> list[tuple[str, str, str, str]]:
         return []
     html = {"fidelity": fidelity_section(df, meta), "frontier": frontier_section(df, meta)}
     return [(a, t, LEDES[a], html[a]) for a, t in SECTIONS]
-
-
-def nav(df: pd.DataFrame) -> tuple:
-    """(anchor, title) of the fidelity sections for the report's navigation."""
-    return SECTIONS if ff.has_fidelity(df) else ()

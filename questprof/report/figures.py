@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from questprof.report.frames import crossover, fmt_tokens, fmt_x
+from questprof.report.frames import crossover, fmt_tokens, fmt_x, stage_bands
 
 STAGE_COLOURS = {"estimate": "#f2b134", "topk": "#ed553b", "attention": "#3f88c5",
                  "dense": "#222222", "summary": "#8c6bb1", "quest": "#2a9d8f"}
@@ -27,13 +27,16 @@ def length_axis(fig: go.Figure, lengths, **where) -> None:
 
 
 def _stack(fig, curve, row, col, legend: bool) -> None:
-    """Estimate, topk, attention stacked (areas), the Quest total and dense as lines."""
-    x = curve["length"]
+    """Estimate, topk, attention stacked (areas scaled to the Quest total: frames.stage_bands),
+    the Quest total and dense as lines; the hover gives each stage as timed apart too."""
+    x, bands = curve["length"], stage_bands(curve)
     for stage in ("estimate", "topk", "attention"):
         fig.add_trace(go.Scatter(
-            x=x, y=curve[f"{stage}_ms"], name=stage, legendgroup=stage, showlegend=legend,
-            stackgroup="quest", mode="lines", line={"width": 0.5, "color": STAGE_COLOURS[stage]},
-            hovertemplate=f"{stage}: %{{y:.4f}} ms<extra></extra>"), row=row, col=col)
+            x=x, y=bands[f"{stage}_ms"], name=f"{stage} (share of total)", legendgroup=stage,
+            showlegend=legend, stackgroup="quest", mode="lines", customdata=curve[f"{stage}_ms"],
+            line={"width": 0.5, "color": STAGE_COLOURS[stage]},
+            hovertemplate=f"{stage}: %{{y:.4f}} ms of the total (timed apart: "
+                          "%{customdata:.4f} ms)<extra></extra>"), row=row, col=col)
     fig.add_trace(go.Scatter(
         x=x, y=curve["quest_ms"], name="Quest total", legendgroup="quest", showlegend=legend,
         mode="lines+markers", line={"color": STAGE_COLOURS["quest"], "width": 2},
@@ -79,7 +82,8 @@ def crossover_figure(panel, title: str) -> go.Figure:
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text="ms per layer", col=1)
     fig.update_xaxes(title_text="context length (tokens)", row=len(sizes))
-    return finish(fig, title, CELL_HEIGHT * len(sizes) + 120)
+    return finish(fig, f"{title}: bands are each stage's share of the Quest total (its time "
+                       "apart, scaled to the step timed as one pass)", CELL_HEIGHT * len(sizes) + 120)
 
 
 def speedup_figure(panel, title: str) -> go.Figure:

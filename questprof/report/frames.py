@@ -17,6 +17,7 @@ PANEL = ["shape", "batch", "mode"]  # shape: model and cache, when a run holds s
 CURVE = PANEL + ["page_size", "budget"]
 POINT = CURVE + ["length"]
 OURS = "ours"  # impl of our kernels (results.OURS; rows written before impl existed)
+SPREAD = ("median_ms", "p20_ms", "p80_ms")
 DEFAULT_MODE = "per-head"  # rows written before modes existed, and MHA rows, carry none
 
 CPU_BANNER = "CPU run (NumPy): times are CPU times"  # the report's banner on CPU runs
@@ -81,14 +82,27 @@ def _stage_ms(ok: pd.DataFrame) -> pd.DataFrame:
 
 def _dense_ms(ok: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Fastest dense median ms of each point (ours or a peer, torch SDPA or FlashInfer, measured
-    in the same run), the implementation that gave it and our own dense, keyed by the point
-    columns the dense rows actually carry."""
+    in the same run), the implementation that gave it, its p20 and p80, and our own dense,
+    keyed by the point columns the dense rows actually carry."""
     dense = ok[ok["stage"] == "dense"]
     keys = [k for k in POINT if dense[k].notna().all()]
-    by_impl = dense.groupby(keys + ["impl"])["median_ms"].median().unstack("impl")
+    by = {c: dense.groupby(keys + ["impl"])[c].median().unstack("impl") for c in SPREAD}
+    by_impl = by["median_ms"]
     out = pd.DataFrame({"dense_ms": by_impl.min(axis=1), "dense_impl": by_impl.idxmin(axis=1)})
+    for c in ("p20_ms", "p80_ms"):
+        out[f"dense_{c[:3]}"] = [by[c].at[i, impl] if isinstance(impl, str) else np.nan
+                                 for i, impl in out["dense_impl"].items()]
     out["dense_ours_ms"] = by_impl[OURS] if OURS in by_impl else np.nan
     return out, keys
+
+
+def _quest_spread(ok: pd.DataFrame) -> pd.DataFrame:
+    """p20 and p80 of our Quest step per point (quest_p20, quest_p80)."""
+    quest = ok[(ok["stage"] == "quest") & (ok["impl"] == OURS)]
+    if quest.empty:
+        return pd.DataFrame(columns=POINT + ["quest_p20", "quest_p80"])
+    got = quest.groupby(POINT)[["p20_ms", "p80_ms"]].median()
+    return got.rename(columns={"p20_ms": "quest_p20", "p80_ms": "quest_p80"}).reset_index()
 
 
 def _ideal_rho(points: pd.DataFrame, ok: pd.DataFrame) -> pd.Series:
@@ -107,9 +121,13 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     quest_ms is our 'quest' row (the three stages timed as one pass) when present, else the sum
     of our three stage medians (a peer's Quest rows, torch-naive or FlashInfer's, never stand in
     for ours); dense_ms is the fastest dense of the run (dense_impl names it: ours, torch-sdpa or
-    flashinfer); speedup = dense_ms / quest_ms; ideal = 1 / rho_formula.
+    flashinfer); speedup = dense_ms / quest_ms; ideal = 1 / rho_formula. speedup_lo / _hi: the
+    speedup over the two p20..p80 spreads (dense p20 / Quest p80, dense p80 / Quest p20), NaN
+    where a spread is not recorded.
     """
     ok = measured(df)
+    for c in SPREAD:
+        ok[c] = pd.to_numeric(ok[c], errors="coerce") if c in ok else np.nan
     points = _stage_ms(ok[(ok["stage"] != "dense") & (ok["impl"] == OURS)])
     for stage in (*model.QUEST_STAGES, "quest"):
         if stage not in points:
@@ -118,22 +136,45 @@ def paired(df: pd.DataFrame) -> pd.DataFrame:
     points["quest_ms"] = points["quest"].fillna(stage_sum)
     points = points.rename(columns={s: f"{s}_ms" for s in model.QUEST_STAGES})
     out = points.drop(columns="quest").reset_index()
-    out["dense_ms"], out["dense_impl"], out["dense_ours_ms"] = np.nan, None, np.nan
+    dense_cols = ["dense_ms", "dense_impl", "dense_p20", "dense_p80", "dense_ours_ms"]
+    out = out.assign(**{c: np.nan for c in dense_cols}).astype({"dense_impl": object})
     if (ok["stage"] == "dense").any() and not out.empty:
         dense, keys = _dense_ms(ok)
-        out = out.drop(columns=["dense_ms", "dense_impl", "dense_ours_ms"]).merge(
-            dense.reset_index(), on=keys, how="left")
+        out = out.drop(columns=dense_cols).merge(dense.reset_index(), on=keys, how="left")
+    out = out.merge(_quest_spread(ok), on=POINT, how="left") if len(out) else out.assign(
+        quest_p20=np.nan, quest_p80=np.nan)
     out = out[out["quest_ms"].notna() | out["dense_ms"].notna()]
     out["speedup"] = out["dense_ms"] / out["quest_ms"]
+    out["speedup_lo"] = out["dense_p20"] / out["quest_p80"]
+    out["speedup_hi"] = out["dense_p80"] / out["quest_p20"]
     out["rho_formula"] = _ideal_rho(out.set_index(POINT), ok).to_numpy() if len(out) else []
     out["ideal"] = 1.0 / out["rho_formula"]
     return out.sort_values(POINT).reset_index(drop=True)
 
 
+def stage_bands(curve: pd.DataFrame) -> pd.DataFrame:
+    """The crossover figure's stacked bands of Quest's stages at each point of `curve` (rows of
+    `paired`), stacking to quest_ms: each stage's share of the three timed apart, times the Quest
+    step timed as one pass (timed apart they sum to 0.96-1.06x of it on the H200's longchat-7b
+    example, 0.49-1.39x on the shared 2-core CPU, longchat-7b 4k..32k, 2026-12-01: stacked as
+    measured they rose above the Quest total). Where the budget covers the length Quest is dense
+    attention: one attention band of quest_ms."""
+    cols = [f"{s}_ms" for s in model.QUEST_STAGES]
+    parts = curve[cols].astype(float)
+    whole = parts.sum(axis=1, min_count=1)
+    bands = parts.fillna(0.0).mul(curve["quest_ms"] / whole, axis=0)
+    covered = curve["budget"] >= curve["length"] if "budget" in curve else whole.isna()
+    covered |= whole.isna() | (whole <= 0)
+    bands.loc[covered, cols] = 0.0
+    bands.loc[covered, "attention_ms"] = curve.loc[covered, "quest_ms"]
+    return bands
+
+
 def _interpolated(lose: pd.Series, win: pd.Series) -> float:
-    """Length where log(speedup) crosses 0 between a losing and a winning point, log2 x."""
+    """Length where log(speedup) crosses 0 between a losing (or tied) and a winning point, log2
+    x; a tie above 1 puts it at the tie's length."""
     a, b = math.log(lose["speedup"]), math.log(win["speedup"])
-    t = -a / (b - a) if b != a else 0.5
+    t = min(1.0, max(0.0, -a / (b - a))) if b != a else 0.5
     return 2 ** (math.log2(lose["length"]) + t * (math.log2(win["length"]) - math.log2(lose["length"])))
 
 
@@ -146,12 +187,24 @@ def sparse(curve: pd.DataFrame) -> pd.DataFrame:
     return curve[curve["budget"] < curve["length"]]
 
 
+def outcome(point: pd.Series) -> str:
+    """Quest against dense at one point of `paired`: 'win' or 'loss' when the speedup over the
+    two runs' p20..p80 spreads (speedup_lo..speedup_hi) lies wholly above or below 1, else
+    'tie' ("beats dense from 4k" was once claimed at 1.007x, inside it); where no spread is
+    recorded, the median speedup decides."""
+    lo, hi = point.get("speedup_lo", np.nan), point.get("speedup_hi", np.nan)
+    if pd.isna(lo) or pd.isna(hi):
+        lo = hi = point["speedup"]
+    return "win" if lo > 1 else "loss" if hi < 1 else "tie"
+
+
 def crossover(curve: pd.DataFrame) -> dict:
     """Where Quest starts to beat dense along one curve (rows of `paired`, any order), over the
-    points with budget < length only (see `sparse`).
+    points with budget < length only (see `sparse`), each a win, tie or loss (see `outcome`).
 
-    kind: 'from' (Quest wins from `length` on, `estimate` interpolated from the last loss),
-    'always' (wins from the shortest length), 'never' (loses at the longest), 'none' (no pair).
+    kind: 'from' (Quest wins from `length` on, `estimate` interpolated from the last point it
+    did not win), 'always' (wins from the shortest length), 'ties' (ties at the longest, from
+    `length` on), 'never' (loses at the longest), 'none' (no pair).
     """
     timed = curve.dropna(subset=["speedup"])
     both = sparse(timed).sort_values("length")
@@ -159,19 +212,29 @@ def crossover(curve: pd.DataFrame) -> dict:
         text = ("budget >= every length: Quest is dense attention" if len(timed)
                 else "no quest/dense pair measured")
         return {"kind": "none", "length": None, "estimate": None, "text": text}
-    wins = (both["speedup"] > 1.0).to_numpy()
-    if not wins[-1]:
+    states = np.array([outcome(row) for _, row in both.iterrows()])
+    if states[-1] == "loss":
         return {"kind": "never", "length": None, "estimate": None, "text": "no crossover in range"}
-    if wins.all():
+    if states[-1] == "tie":
+        first = int(both["length"].iloc[len(states) - _trailing(states, "tie")])
+        return {"kind": "ties", "length": first, "estimate": None,
+                "text": f"ties with dense from {fmt_tokens(first)} (within the p20..p80 spread)"}
+    if (states == "win").all():
         first = int(both["length"].iloc[0])
         shortest = "shortest length" + ("" if len(both) == len(timed) else " above the budget")
         return {"kind": "always", "length": first, "estimate": None,
                 "text": f"Quest wins from the {shortest} ({fmt_tokens(first)})"}
-    last_loss = int(np.flatnonzero(~wins)[-1])
+    last_loss = int(np.flatnonzero(states != "win")[-1])
     lose, win = both.iloc[last_loss], both.iloc[last_loss + 1]
     length = int(win["length"])
     return {"kind": "from", "length": length, "estimate": _interpolated(lose, win),
             "text": f"{fmt_tokens(length)}"}
+
+
+def _trailing(states: np.ndarray, state: str) -> int:
+    """How many of the last entries of `states` are `state`."""
+    other = np.flatnonzero(states != state)
+    return len(states) - (int(other[-1]) + 1 if len(other) else 0)
 
 
 def crossovers(pairs: pd.DataFrame) -> pd.DataFrame:

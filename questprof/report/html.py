@@ -25,6 +25,7 @@ tr.off td { background: #fdecea; }
 .figure { margin: 8px 0 20px; }
 nav a { margin-right: 14px; }
 code { background: #f4f4f5; padding: 1px 4px; }
+p.verdict { font-size: 17px; font-weight: 600; margin: 8px 0 12px; }
 ul.recommend { background: #f4f8fd; border-left: 4px solid #2f6fb5; padding: 8px 14px 8px 30px;
                margin: 8px 0 16px; } ul.recommend li { margin: 3px 0; }
 """
