@@ -141,3 +141,32 @@ def test_persistent_reason_names_what_is_not_built():
     assert "head dims 64, 128, not 256" in reasons["gemma-2-9b"]
     assert "fp16 / bf16 caches, not fp8_e4m3" in reasons["llama3.1-8b-fp8"]
     assert "up to 8 q heads per KV head, not 16" in reasons["llama3.1-405b"]
+
+
+def test_dense_over_is_our_dense_against_another_models_at_the_same_case():
+    """FP8's goal: our dense time of one model over our dense time of another at the same case."""
+    rows = [_row("dense", 27.5), {**_row("dense", 41.0), "model": "other"},
+            {**_row("dense", 20.0, "torch-sdpa"), "model": "other"}]
+    goal = {"metric": "dense_over", "over": "other", "target": "<= 0.55",
+            "case": {"model": MHA, "length": 32768, "batch": 1}}
+    ((_, value, _, met),) = bench.goals(rows, [goal])
+    assert value == pytest.approx(27.5 / 41.0) and met is False
+    assert bench.goals(rows[:1], [goal])[0][1] is None  # no row of the other model: not judged
+
+
+def test_the_gqa_bench_is_a_subset_of_the_bench():
+    """tests/fixtures/bench-gqa.toml (issue 30's cases for one short GPU call) holds cases of
+    scenarios/bench.toml with the same model shapes, and every goal of issue 30 names a case the
+    bench runs."""
+    from pathlib import Path
+
+    short, _ = bench.load_bench(Path(__file__).parent / "fixtures" / "bench-gqa.toml")
+    full, goals = bench.load_bench()
+    assert set(short) <= set(full)
+    keys = [c.key() for c in full]
+    for goal in goals:
+        case = goal["case"]
+        assert any(all(k.get(f) == v for f, v in case.items())
+                   for k in ({"model": c.model.name, "length": c.length, "batch": c.batch,
+                              "budget": c.budget, "mode": c.mode} for c in full)), case
+    assert keys

@@ -174,6 +174,12 @@ def _metric(rows: list[dict], goal: dict) -> float | None:
         ours, best = get("dense"), [r["median_ms"] for r in at if r["stage"] == "dense"
                                     and r.get("median_ms")]
         return ours["median_ms"] / min(best) if ours else None
+    if metric == "dense_over":  # our dense / our dense of the model `over` at the same case
+        ours = get("dense")
+        other = next((r for r in rows if _matches(r, {**goal["case"], "model": goal["over"]})
+                      and r["stage"] == "dense" and r["impl"] == OURS and r.get("median_ms")),
+                     None)
+        return ours["median_ms"] / other["median_ms"] if ours and other else None
     if metric == "vs_flashinfer":
         quest = get("quest")
         return quest.get("vs_flashinfer") if quest else None
