@@ -11,12 +11,14 @@ from questprof.core import reference
 from questprof.backends import gpu_unavailable_reason
 from questprof.core.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
 
-from kernel_objects import objects  # noqa: F401  (the compiled kernels, a session fixture)
+from kernel_objects import kernel_builds, objects  # noqa: F401  (the compiled kernels: fixtures)
 
 TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-5}  # ||out - ref|| / ||ref|| against float64
 
 
 def pytest_collection_modifyitems(config, items):
+    # The tests that wait for the kernel builds run last: the builds run beside the others.
+    items.sort(key=lambda item: "objects" in getattr(item, "fixturenames", ()))
     gpu_items = [item for item in items if "gpu" in item.keywords]
     reason = gpu_unavailable_reason() if gpu_items else None
     if reason:

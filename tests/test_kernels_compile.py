@@ -35,8 +35,8 @@ def test_compiles_for_sm90(source, objects):
 def test_late_release_build_compiles(tmp_path):
     """The QP_EARLY_RELEASE=0 build (dependents launch as a grid ends) of a PDL-aware kernel."""
     cmd = [_nvcc(), "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-DQP_EARLY_RELEASE=0",
-           "-Werror", "all-warnings", "-c", str(KERNELS_DIR / "topk.cu"), "-o",
-           str(tmp_path / "topk.o")]
+           "-Werror", "all-warnings", "-cubin", str(KERNELS_DIR / "topk.cu"), "-o",
+           str(tmp_path / "topk.cubin")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
@@ -46,8 +46,8 @@ def test_a_kernel_error_fails(tmp_path):
     bad = tmp_path / "bad.cu"
     bad.write_text('#include "common.cuh"\ntemplate <int D> __global__ void k(float* x) '
                    '{ x[0] = undefined_name<D>; }\ntemplate __global__ void k<8>(float*);\n')
-    cmd = [_nvcc(), "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-c", str(bad),
-           "-o", str(tmp_path / "bad.o")]
+    cmd = [_nvcc(), "-arch=sm_90", "-std=c++17", f"-I{KERNELS_DIR}", "-cubin", str(bad),
+           "-o", str(tmp_path / "bad.cubin")]
     assert subprocess.run(cmd, capture_output=True, text=True).returncode != 0
 
 
