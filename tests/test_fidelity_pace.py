@@ -84,15 +84,15 @@ def test_the_gguf_loader_draws_no_tqdm_bar():
 
 
 def test_a_busy_machine_paces_the_estimate_by_its_load(monkeypatch):
-    """The probe saw 0.99 of a core where the run got 0.46 at a load of 3.4 on 2 cores."""
+    """A probe of this process saw 0.99 of a core where the run got 0.46 at a load of 3.4 on 2
+    cores: the share is what the load leaves one thread (the sweep's rule)."""
     import os
 
     from questprof.backends.numpy import NumpyBackend
-    from questprof.commands import fidelity_time, sweep_time
+    from questprof.commands import fidelity_time
 
-    monkeypatch.setattr(sweep_time, "core_share", lambda: 0.99)
     monkeypatch.setattr(os, "getloadavg", lambda: (3.37, 4.4, 3.4))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     assert fidelity_time.pace_here(NumpyBackend()).share == pytest.approx(0.46, abs=0.01)
     monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
-    assert fidelity_time.pace_here(NumpyBackend()).share == pytest.approx(0.99)
+    assert fidelity_time.pace_here(NumpyBackend()).share == pytest.approx(1.0)

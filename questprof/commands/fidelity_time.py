@@ -2,10 +2,11 @@
 holds the estimate and the progress lines; on a CPU the wall time is the estimate's one-core
 seconds over the share of a core this process gets).
 
-The share: the smaller of a half-second probe (the sweep's) and what the load average leaves,
-cores / (load + 1). The default 2k run on the shared 2-core machine (2026-12-01, 61c6cd6) got
-0.46 of a core over 6.3 minutes at a load of 3.4-6.3 while the probe saw 0.99 (it announced
-3.8 minutes); 2 / (3.37 + 1) = 0.46. The run at 7d2f648 got 0.46 at a starting load of 3.8.
+The share: what the load average leaves one thread, cores / (load + 1) (the sweep's rule,
+sweep_time.cores_for). The default 2k run on the shared 2-core machine (2026-12-01, 61c6cd6) got
+0.46 of a core over 6.3 minutes at a load of 3.4-6.3 while a half-second probe of this process
+saw 0.99 (it announced 3.8 minutes); 2 / (3.37 + 1) = 0.46. The run at 7d2f648 got 0.46 at a
+starting load of 3.8.
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ def pace_here(backend) -> Pace:
     """The pace of this machine now: the GPU, or the CPU at the share of a core it gives."""
     if backend.is_gpu:
         return Pace(gpu=True)
-    import os
+    from questprof.commands.sweep_time import cores_for
 
-    from questprof.commands.sweep_time import core_share
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    left = (cores or 1) / (os.getloadavg()[0] + 1) if hasattr(os, "getloadavg") else 1.0
-    return Pace(share=max(0.2, min(core_share(), left, 1.0)))
+    return Pace(share=max(0.2, cores_for(1)))
 
 
 def _count(n: int, word: str) -> str:
