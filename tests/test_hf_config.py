@@ -70,9 +70,15 @@ def test_tp_says_the_shape_of_one_gpu_on_the_console_and_in_meta_json(tmp_path):
     assert result.exit_code == 0, result.output
     assert "model llama3-8b: 32 layers, 16 q / 4 KV heads of 128 dims per GPU of tensor " \
         "parallelism 2, bf16" in result.stderr
-    shape = results.load(out)[1]["shape"]
+    df, meta = results.load(out)
+    shape = meta["shape"]
     assert (shape["q_heads"], shape["kv_heads"], shape["tp"]) == (16, 4, 2)
     assert "per GPU of tensor parallelism 2" in shape["text"]
+    from questprof.report import write_report  # the report says it too, under the command
+
+    html = write_report(df, meta, tmp_path / "r").read_text(encoding="utf-8")
+    assert "Shape timed: 32 layers, 16 q / 4 KV heads of 128 dims per GPU of tensor " \
+        "parallelism 2" in html
 
 
 def test_a_model_folder_and_its_config_json_give_one_shape():

@@ -158,6 +158,9 @@ def _header(df: pd.DataFrame, meta: dict, parts, timed: bool) -> tuple[str, str]
     banner += _cache_note(df)
     nav = " ".join(f"<a href=\"#{a}\">{esc(t)}</a>" for a, t, *_ in parts)
     command = f"<p class=\"note\"><code>{esc(meta['command'])}</code></p>" if meta.get("command") else ""
+    shape = meta.get("shape") if isinstance(meta.get("shape"), dict) else {}
+    if shape.get("text"):  # one GPU's shape under tensor parallelism, as the sweep timed it
+        command += f"<p class=\"note\">Shape timed: {esc(shape['text'])}</p>"
     return f"<h1>{esc(title)}</h1>{command}{banner}<nav>{nav}</nav>", title
 
 
