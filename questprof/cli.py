@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from questprof import console
 from questprof.backends import BackendUnavailable
+from questprof.commands.bench_args import BenchArgs
 from questprof.commands.render import write_report
 from questprof.core.config import PAGE_SIZES, ConfigError
 
@@ -215,13 +216,15 @@ def compare(
 @app.command()
 @user_errors
 def bench(
-    quick: Annotated[bool, typer.Option(help="Only the cases marked quick")] = False,
+    quick: Annotated[bool, typer.Option(help="Only the cases marked quick")] = BenchArgs.quick,
     peers: Annotated[bool, typer.Option(help=(
-        "Time the torch and FlashInfer peers beside ours"))] = True,
-    graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")] = True,
-    repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = 20,
+        "Time the torch and FlashInfer peers beside ours"))] = BenchArgs.peers,
+    graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")]
+        = BenchArgs.graph,
+    repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = BenchArgs.repeats,
     cases: Annotated[Optional[Path], typer.Option(help=default(
-        "Bench file of cases and goals", "scenarios/bench.toml of questprof"))] = None,
+        "Bench file of cases and goals", "scenarios/bench.toml of questprof"))]
+        = BenchArgs.cases,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory (rows, rows.json, report.html)", "reports/bench-<timestamp>/"))]
         = None,
@@ -229,9 +232,9 @@ def bench(
     """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
     from questprof.commands import bench as bench_mod
 
+    args = BenchArgs(quick=quick, peers=peers, graph=graph, repeats=repeats, cases=cases)
     try:
-        target = bench_mod.bench_command(quick, peers, graph, repeats, cases, out_dir,
-                                         sys.argv[1:])
+        target = bench_mod.bench_command(args, out_dir, sys.argv[1:])
     except KeyboardInterrupt:
         console.err.print("interrupted: the finished cases are kept in the results directory",
                           highlight=False)
