@@ -19,6 +19,7 @@ from rich.markup import escape
 from questprof import console
 from questprof.backends import BackendUnavailable
 from questprof.commands.bench_args import BenchArgs
+from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.render import write_report
 from questprof.core.config import PAGE_SIZES, ConfigError
 
@@ -247,22 +248,26 @@ def bench(
 def bytes_check(
     check_formula: Annotated[bool, typer.Option(
         "--check-formula/--no-check-formula",
-        help="Judge measured bytes against the model (exit 1 beyond --tolerance)")] = True,
-    scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = "llama3-8b",
-    lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")] = "16k,64k",
-    batch: Annotated[str, typer.Option(help="Batch sizes")] = "1",
-    page_size: Annotated[str, typer.Option(help="Page sizes")] = "16",
-    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = "1024,4096",
-    mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = None,
-    kv_dtype: Annotated[Optional[str], typer.Option(help=KV_DTYPE_HELP)] = None,
-    summary_dtype: Annotated[Optional[str], typer.Option(help=SUMMARY_DTYPE_HELP)] = None,
-    kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = None,
-    tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = None,
-    source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = "cupti",
-    tolerance: Annotated[float, typer.Option(help="Allowed relative difference")] = 0.05,
+        help="Judge measured bytes against the model (exit 1 beyond --tolerance)")]
+        = BytesArgs.check_formula,
+    scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = BytesArgs.scenario,
+    lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")]
+        = BytesArgs.lengths,
+    batch: Annotated[str, typer.Option(help="Batch sizes")] = BytesArgs.batch,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = BytesArgs.page_size,
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = BytesArgs.budget,
+    mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = BytesArgs.mode,
+    kv_dtype: Annotated[Optional[str], typer.Option(help=KV_DTYPE_HELP)] = BytesArgs.kv_dtype,
+    summary_dtype: Annotated[Optional[str], typer.Option(help=SUMMARY_DTYPE_HELP)]
+        = BytesArgs.summary_dtype,
+    kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = BytesArgs.kv_scale,
+    tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = BytesArgs.tp,
+    source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = BytesArgs.source,
+    tolerance: Annotated[float, typer.Option(help="Allowed relative difference")]
+        = BytesArgs.tolerance,
     protocol: Annotated[str, typer.Option(
         help="CUPTI cold-cache protocol: rotate (layers with their own pools) or flush "
-             "(an L2-evicting read after each call, subtracted)")] = "rotate",
+             "(an L2-evicting read after each call, subtracted)")] = BytesArgs.protocol,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write a results directory "
                                                     "(rows in the sweep's schema) here")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the table here")] = None,
@@ -274,12 +279,12 @@ def bytes_check(
     """
     from questprof.commands import bytes as bytes_mod
 
-    args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
-            "budget": budget, "mode": mode, "source": source, "tolerance": tolerance,
-            "protocol": protocol, "kv_dtype": kv_dtype, "summary_dtype": summary_dtype,
-            "kv_scale": kv_scale, "tp": tp}
+    args = BytesArgs(check_formula=check_formula, scenario=scenario, lengths=lengths,
+                     batch=batch, page_size=page_size, budget=budget, mode=mode,
+                     kv_dtype=kv_dtype, summary_dtype=summary_dtype, kv_scale=kv_scale, tp=tp,
+                     source=source, tolerance=tolerance, protocol=protocol)
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
-    if check_formula or status == 3:
+    if args.check_formula or status == 3:
         raise typer.Exit(status)
 
 

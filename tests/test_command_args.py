@@ -9,16 +9,28 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from questprof import results
 from questprof.cli import app
 from questprof.commands import bench
+from questprof.commands import bytes as bytes_cmd
 from questprof.commands.bench_args import BenchArgs
+from questprof.commands.bytes_args import BytesArgs
 
 # command -> (module whose function the command line calls, that function, its record)
-COMMANDS = {"bench": (bench, "bench_command", BenchArgs)}
+COMMANDS = {"bench": (bench, "bench_command", BenchArgs),
+            "bytes": (bytes_cmd, "bytes_command", BytesArgs)}
 # every flag of each command away from its default, and the record it must make
 GIVEN = {
     "bench": (["--quick", "--no-peers", "--no-graph", "--repeats", "3", "--cases", "my.toml"],
               BenchArgs(quick=True, peers=False, graph=False, repeats=3, cases=Path("my.toml"))),
+    "bytes": (["--no-check-formula", "--scenario", "smoke", "--lengths", "2k", "--batch", "2",
+               "--page-size", "32", "--budget", "512", "--mode", "shared-max", "--kv-dtype",
+               "fp8", "--summary-dtype", "fp16", "--kv-scale", "head", "--tp", "2", "--source",
+               "all", "--tolerance", "0.1", "--protocol", "flush"],
+              BytesArgs(check_formula=False, scenario="smoke", lengths="2k", batch="2",
+                        page_size="32", budget="512", mode="shared-max", kv_dtype="fp8",
+                        summary_dtype="fp16", kv_scale="head", tp=2, source="all",
+                        tolerance=0.1, protocol="flush")),
 }
 
 
@@ -55,3 +67,7 @@ def test_each_flag_reaches_its_field(monkeypatch, command):
              if getattr(want, f.name) == getattr(defaults, f.name)]
     assert moved == [], f"give these a flag here: {moved}"
     assert passed(monkeypatch, command, flags) == want
+
+
+def test_bytes_judges_at_the_verdicts_tolerance_by_default():
+    assert BytesArgs().tolerance == results.BYTES_TOLERANCE
