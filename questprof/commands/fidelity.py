@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from questprof.commands.fidelity_args import FidelityArgs
 from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
 from questprof.core.reference import MODES
 from questprof.results import ResultsWriter, append_rows, load, now
@@ -86,32 +87,29 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str 
     return FidelityGrid(sizes, tokens, chosen, dtype, tuple(s.name for s in picked))
 
 
-def make_request(source: str, scenario: str | None, model_path: str | None, cache_path,
-                 lengths: str | None, page_sizes: str, budgets: str, modes: str, steps: int,
-                 depths: str | None = None, dense_layers: int | None = None,
-                 dtype: str = "auto", task: bool = True, seed: int = 0, prompts: int | None = None,
-                 selectors: str = "quest", forced: bool = False):
-    """A checked runner.Request from command-line values; ConfigError on bad input."""
+def make_request(args: FidelityArgs):
+    """A checked runner.Request from the command's arguments; ConfigError on bad input."""
     from questprof.fidelity.runner import PROMPTS, SOURCES, Request
+    source, model = args.source, args.model or "smollm2"
     if source not in SOURCES:
         raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
-    if steps < 1:
-        raise ConfigError(f"--steps {steps} must be at least 1")
-    if prompts is not None and prompts < 1:
-        raise ConfigError(f"--prompts {prompts} must be at least 1")
-    if source == "cache" and not cache_path:
+    if args.steps < 1:
+        raise ConfigError(f"--steps {args.steps} must be at least 1")
+    if args.prompts is not None and args.prompts < 1:
+        raise ConfigError(f"--prompts {args.prompts} must be at least 1")
+    if source == "cache" and not args.cache:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
-    _needs(source, model_path or "smollm2")
-    sizes = parse_sizes(lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
-    chosen = _depths(depths) if depths else ()
-    count = len(chosen) if chosen else (prompts or PROMPTS)
-    return Request(source, _grid(page_sizes, budgets, modes, dtype, selectors), tuple(sizes),
-                   steps, depths=chosen,
-                   dense_layers=_dense_layers(source, scenario, dense_layers),
-                   task=task, seed=seed, scenario=scenario or "smoke",
-                   model=model_path or "smollm2", cache_path=str(cache_path or ""),
-                   prompts=count, forced=forced)
+    _needs(source, model)
+    sizes = parse_sizes(args.lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
+    chosen = _depths(args.depths) if args.depths else ()
+    count = len(chosen) if chosen else (args.prompts or PROMPTS)
+    grid = _grid(args.page_size, args.budget, args.mode, args.dtype, args.selector)
+    return Request(source, grid, tuple(sizes), args.steps, depths=chosen,
+                   dense_layers=_dense_layers(source, args.scenario, args.dense_layers),
+                   task=args.task, seed=args.seed, scenario=args.scenario or "smoke",
+                   model=model, cache_path=str(args.cache or ""), prompts=count,
+                   forced=args.teacher_forced)
 
 
 def _depths(text: str) -> tuple[float, ...]:
@@ -323,19 +321,14 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
     return len(rows)
 
 
-def fidelity_command(args: dict, out_dir, argv, log=print,
+def fidelity_command(args: FidelityArgs, out_dir, argv, log=print,
                      phases: dict | None = None) -> Path:
-    """The whole `questprof fidelity` from the CLI's values: returns the results directory
-    (phases: filled with seconds per phase, run_fidelity)."""
+    """The whole `questprof fidelity` from the command line's arguments: returns the results
+    directory (phases: filled with seconds per phase, run_fidelity)."""
     from datetime import datetime
-    request = make_request(args["source"], args["scenario"], args["model"], args["cache"],
-                           args["lengths"], args["page_size"], args["budget"], args["mode"],
-                           args["steps"], args["depths"], args["dense_layers"], args["dtype"],
-                           args["task"], args["seed"], args.get("prompts"),
-                           args.get("selector", "quest"), args.get("teacher_forced", False))
-    check_min_recall(args["min_recall"])
+    request = make_request(args)
+    check_min_recall(args.min_recall)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")
     command = " ".join(["questprof", *argv])
-    return run_fidelity(request, args["min_recall"], target, args["backend"], command, log,
-                        phases)
+    return run_fidelity(request, args.min_recall, target, args.backend, command, log, phases)

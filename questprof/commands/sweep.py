@@ -32,9 +32,10 @@ SHARED_OVER = {"summary": ("budget", "mode"), "dense": ("budget", "mode"), "esti
 Progress = Callable[[dict, int, int], None]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """How a sweep times and measures: passes, graphs, the byte source and the torch peer."""
+    """How a sweep times and measures, settled before it starts: passes, graphs, the byte
+    source, the peers and the budget table."""
 
     repeats: int = 20
     warmup: int = 3
@@ -45,12 +46,18 @@ class Options:
     flashinfer: bool = False  # FlashInfer's rows beside ours (workload.flashinfer.STAGES)
     peers_skipped: str | None = None  # why every peer row is a skipped row (a CPU, no torch)
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
+    budget_table: object = None  # core.budgets.BudgetTable: the Quest step per layer's budget
+    budgets_file: str = ""  # where budget_table came from (the rows name it)
+
+
+@dataclass
+class RunState:
+    """What one run of run_sweep gathers as it goes, beside its frozen Options."""
+
     shared: dict = field(default_factory=dict)  # shared_key -> (timing, bytes) of this run
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
     idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
     pools: PoolCache | None = None  # CPU: the last pools, for the next configuration
-    budget_table: object = None  # core.budgets.BudgetTable: the Quest step per layer's budget
-    budgets_file: str = ""  # where budget_table came from (the rows name it)
 
 
 def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
@@ -82,7 +89,7 @@ def shared_key(cfg, stage: str, impl: str = OURS) -> tuple | None:
                            if k not in SHARED_OVER[stage] and k != "k_pages"))
 
 
-def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
+def _bytes(work: Workload, stage: str, state: RunState, pass_ms: float) -> dict:
     """measured_read_bytes, measured_write_bytes, bytes_source of one stage, or a note why not."""
     from questprof.measure import dram
 
@@ -91,18 +98,18 @@ def _bytes(work: Workload, stage: str, opts: Options, pass_ms: float) -> dict:
         need = model.COLD_FACTOR * l2_bytes()
         work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
     try:
-        if opts.idle is None:
+        if state.idle is None:
             from questprof.measure import cupti
 
-            opts.idle = cupti.idle_rate()
+            state.idle = cupti.idle_rate()
         read, write = dram.stage_bytes("cupti", work.launcher(stage), work.calls(stage),
                                        pass_ms=pass_ms * work.calls(stage), seconds=0.01,
-                                       idle=opts.idle)
+                                       idle=state.idle)
     except Exception as exc:  # a failed measurement is a note on the row, never a lost row
         return {"note": f"bytes not measured: {type(exc).__name__}: {exc}"}
     finally:
         work.topk_scores = work.scores
-        opts.bytes_seconds += time.perf_counter() - start
+        state.bytes_seconds += time.perf_counter() - start
     return {"measured_read_bytes": read, "measured_write_bytes": write, "bytes_source": "cupti"}
 
 
@@ -135,8 +142,8 @@ def _skip_reason(stage: str, impl: str, exc: Exception) -> str | None:
     return None
 
 
-def _measure(work: Workload, stage: str, impl: str, opts: Options,
-             flashinfer: dict) -> tuple[dict, dict]:
+def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: dict,
+             state: RunState) -> tuple[dict, dict]:
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
     from questprof.measure.timing import time_layers
 
@@ -146,7 +153,7 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options,
     timing = {**t.summary(), "note": t.note}
     got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
-        got = _bytes(work, stage, opts, t.median)
+        got = _bytes(work, stage, state, t.median)
     return timing, got
 
 
@@ -202,8 +209,9 @@ def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
     return None, why
 
 
-def config_rows(scenario: str, cfg, backend, keys, opts: Options):
-    """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done."""
+def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunState):
+    """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done
+    (timings shared with other configurations in `state`, and its pools on a CPU)."""
     from questprof.commands.sweep_table import pass_layers
 
     layers = pass_layers(sim_layers(cfg, backend, opts.layers), opts.budget_table)
@@ -211,7 +219,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
     # ncu's child builds its own one-layer workload: before ours, which may take most of the
     # memory (on an H200 the child of smoke's 2k and 4k points could not create its context).
     ncu = _ncu_bytes(cfg, keys, opts, dense_budget)
-    work, reason = _prepare(cfg, backend, layers, opts.pools)
+    work, reason = _prepare(cfg, backend, layers, state.pools)
     if work is None:
         yield from _skipped_rows(scenario, cfg, backend, keys, layers, reason,
                                  fit_need(cfg, backend, layers))
@@ -230,7 +238,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
         runs = "dense" if dense_budget and stage == "quest" and not table else stage
         key = shared_key(cfg, runs, impl)
         try:
-            timing, got = opts.shared.get(key) or _measure(work, runs, impl, opts, flashinfer)
+            timing, got = state.shared.get(key) or _measure(work, runs, impl, opts,
+                                                            flashinfer, state)
         except Exception as exc:
             why = _skip_reason(stage, impl, exc)
             if why is None:
@@ -239,7 +248,7 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options):
             yield row(stage, impl, status="skipped", reason=why)
             continue
         if key is not None:
-            opts.shared[key] = (timing, got)
+            state.shared[key] = (timing, got)
         reason = DENSE_REASON if runs != stage else None
         got = {**got, **ncu.get((runs, impl), {})}
         if impl == OURS:
@@ -294,21 +303,22 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
         meta = resumed_meta(out_dir, meta)
     plan = [(cfg, [k for k in row_keys(cfg, opts.peers, opts.flashinfer)
                    if (cfg.key(), *k) not in done]) for cfg in run_order(configs, backend)]
-    opts.pools = None if backend.is_gpu else PoolCache()
+    state = RunState(pools=None if backend.is_gpu else PoolCache())
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     count = total - sum(len(keys) for _, keys in plan)
     written, start = [], time.perf_counter()
     with ResultsWriter(out_dir, meta) as writer:
         try:
             for cfg, keys in plan:
-                for row in config_rows(scenario.name, cfg, backend, keys, opts) if keys else ():
+                for row in (config_rows(scenario.name, cfg, backend, keys, opts, state)
+                            if keys else ()):
                     writer.append(row)
                     written.append(row)
                     count += 1
                     if progress is not None:
                         progress(row, count, total)
         finally:
-            opts.pools = None  # the last pools go before what runs next (e2e, fidelity)
+            state.pools = None  # the last pools go before what runs next (e2e, fidelity)
             writer.write_meta(grid_seconds=time.perf_counter() - start,
-                              bytes_seconds=opts.bytes_seconds)
+                              bytes_seconds=state.bytes_seconds)
     return written

@@ -1,0 +1,99 @@
+"""BenchArgs, BytesArgs and FidelityArgs: each command's arguments as one frozen record that the
+command line builds (as SweepArgs is the sweep's). With no flag the command line passes the
+record's defaults, each flag reaches its own field, and a default the help states in words is
+the one the command applies."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from questprof import results
+from questprof.cli import app
+from questprof.commands import bench
+from questprof.commands import bytes as bytes_cmd
+from questprof.commands import fidelity
+from questprof.commands.bench_args import BenchArgs
+from questprof.commands.bytes_args import BytesArgs
+from questprof.commands.fidelity_args import FidelityArgs
+from questprof.fidelity.runner import PROMPTS
+
+# command -> (module whose function the command line calls, that function, its record)
+COMMANDS = {"bench": (bench, "bench_command", BenchArgs),
+            "bytes": (bytes_cmd, "bytes_command", BytesArgs),
+            "fidelity": (fidelity, "fidelity_command", FidelityArgs)}
+# every flag of each command away from its default, and the record it must make
+GIVEN = {
+    "bench": (["--quick", "--no-peers", "--no-graph", "--repeats", "3", "--cases", "my.toml"],
+              BenchArgs(quick=True, peers=False, graph=False, repeats=3, cases=Path("my.toml"))),
+    "bytes": (["--no-check-formula", "--scenario", "smoke", "--lengths", "2k", "--batch", "2",
+               "--page-size", "32", "--budget", "512", "--mode", "shared-max", "--kv-dtype",
+               "fp8", "--summary-dtype", "fp16", "--kv-scale", "head", "--tp", "2", "--source",
+               "all", "--tolerance", "0.1", "--protocol", "flush"],
+              BytesArgs(check_formula=False, scenario="smoke", lengths="2k", batch="2",
+                        page_size="32", budget="512", mode="shared-max", kv_dtype="fp8",
+                        summary_dtype="fp16", kv_scale="head", tp=2, source="all",
+                        tolerance=0.1, protocol="flush")),
+    "fidelity": (["capture.safetensors", "--source", "cache", "--scenario", "llama3-8b",
+                  "--model", "m.gguf", "--lengths", "4k", "--page-size", "16", "--budget", "256",
+                  "--mode", "shared-max", "--selector", "all", "--steps", "2", "--prompts", "3",
+                  "--depths", "0.5", "--dense-layers", "1", "--dtype", "fp16", "--no-task",
+                  "--teacher-forced", "--min-recall", "0.8", "--backend", "numpy", "--seed", "7"],
+                 FidelityArgs(cache=Path("capture.safetensors"), source="cache",
+                              scenario="llama3-8b", model="m.gguf", lengths="4k", page_size="16",
+                              budget="256", mode="shared-max", selector="all", steps=2,
+                              prompts=3, depths="0.5", dense_layers=1, dtype="fp16", task=False,
+                              teacher_forced=True, min_recall=0.8, backend="numpy", seed=7)),
+}
+
+
+def passed(monkeypatch, command: str, flags: list[str]):
+    """The record the command line hands its command function (which stops there)."""
+    module, function, _ = COMMANDS[command]
+    got = []
+
+    def stop(args, *rest, **kwargs):
+        got.append(args)
+        raise typer.Exit(0)
+
+    monkeypatch.setattr(module, function, stop)
+    result = CliRunner().invoke(app, [command, *flags])
+    assert result.exit_code == 0, result.output
+    (args,) = got
+    return args
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_no_flag_passes_the_records_defaults(monkeypatch, command):
+    record = COMMANDS[command][2]
+    args = passed(monkeypatch, command, [])
+    assert type(args) is record and args == record()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(args, dataclasses.fields(args)[0].name, None)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_flag_reaches_its_field(monkeypatch, command):
+    flags, want = GIVEN[command]
+    defaults = COMMANDS[command][2]()
+    moved = [f.name for f in dataclasses.fields(want)
+             if getattr(want, f.name) == getattr(defaults, f.name)]
+    assert moved == [], f"give these a flag here: {moved}"
+    assert passed(monkeypatch, command, flags) == want
+
+
+def test_bytes_judges_at_the_verdicts_tolerance_by_default():
+    assert BytesArgs().tolerance == results.BYTES_TOLERANCE
+
+
+def test_fidelity_help_states_the_defaults_make_request_applies():
+    """prompts and lengths default to None in FidelityArgs; the help says what None means."""
+    params = {p.name: p.help for p in typer.main.get_command(app).commands["fidelity"].params}
+    assert f"[default: {PROMPTS}]" in params["prompts"]
+    synthetic = fidelity.DEFAULT_LENGTHS["synthetic"]
+    assert f"[default: 2k (synthetic: {synthetic})]" in params["lengths"]
+    assert set(fidelity.DEFAULT_LENGTHS.values()) - {synthetic} == {"2k"}
+    request = fidelity.make_request(FidelityArgs())
+    assert request.prompts == PROMPTS and request.lengths == (2048, 4096)
