@@ -86,10 +86,10 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
                  tuning: StepTuning = DEFAULT_TUNING, stop: str = "all", trace=None):
     """quest_step's (out, lse, sel, count) and the scores [Hq, nnz] float32 it selected from.
     stop: "all", or "estimate" / "select" to run only the estimate (and select) tickets (out,
-    lse, and with "estimate" sel and count, are then left unwritten: tests/quest_step_probe.py
+    lse, and with "estimate" sel and count, are then left unwritten: tools/quest_step_probe.py
     times the phases). The scores are the selection's input only with stop "estimate": otherwise
     each select ticket has put its row back to UNSCORED. trace: None, or a StepTrace that gets
-    the launch's timeline (tests/quest_step_probe.py)."""
+    the launch's timeline (tools/quest_step_probe.py)."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)
