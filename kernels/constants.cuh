@@ -31,6 +31,11 @@ constexpr int QP_MEASURED_PAGE_SIZES[] = {8, 16, 32, 64};
 constexpr int QP_BOXES[] = {1, 2, 4};
 constexpr int QP_BOX_HEAD_DIMS[] = {64, 128};
 
+// summary.cu: threads of its CTA, one CTA per plan entry (page, written slots), striding over the
+// KV heads x boxes x d / 8 runs of 8 dimensions (512 at 32 KV heads, d 128: two per thread). Not
+// in the timed step and not tuned; __launch_bounds__ caps the launch at it.
+constexpr int SUM_THREADS = 256;
+
 // estimate.cu (the bound on the tensor cores): EST_WARPS warps per block, each a run of units of
 // 16 rows; builds of EST_NTILES n-tiles of 8 q heads (1: groups up to 8, 2: up to 16), with
 // EST_NTILE_BLOCKS resident blocks per SM, the register cap ptxas sizes them by (nvcc 13.0 sm_90,

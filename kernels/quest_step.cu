@@ -28,7 +28,7 @@
 // takes its next ticket only after its wait: waiting while holding a later ticket would chain
 // the waits (2026-12-01: a step of 105 us against 38 at 32K). Waits trap after 2^26 polls
 // instead of hanging the GPU. The launch's `stop` runs only the estimate (and select) tickets,
-// and `trace` records a timeline: tests/quest_step_probe.py times and traces the phases.
+// and `trace` records a timeline: tools/quest_step_probe.py times and traces the phases.
 //
 // State (flags, counts, the ticket) lives in a buffer that the launcher zeroes once, the scores in
 // one it fills with PS_UNSCORED once: the merging split resets its count, each select ticket its

@@ -7,7 +7,7 @@
 #include "topk.cuh"
 
 // Build options (-D at build; backends/quest_step.py's StepTuning names them, and
-// tests/quest_step_probe.py times each against the defaults, kernels/constants.cuh's PS_*):
+// tools/quest_step_probe.py times each against the defaults, kernels/constants.cuh's PS_*):
 //   QS_THREADS   threads per CTA (attention runs on the first ATT_WARPS warps, the others
 //                prefetch its next ticket's page ids when there are others)
 //   QS_CTAS      resident CTAs per SM that __launch_bounds__ sizes registers for
@@ -25,7 +25,7 @@ enum { PS_SELECT = 1, PS_ATTEND = 2, PS_END = 3 };
 // and the select tickets; the last two time the phases.
 enum { PS_STOP_ESTIMATE = 1, PS_STOP_SELECT = 2, PS_STOP_ALL = 3 };
 
-// A timeline of one launch for tests/quest_step_probe.py (trace nullptr: nothing is recorded):
+// A timeline of one launch for tools/quest_step_probe.py (trace nullptr: nothing is recorded):
 // per CTA its start, the end of its estimate share and its end, [3 x grid]; then per ticket its
 // start, its middle (select: every score of the row has arrived; attention: the row is ready)
 // and its end [3 x tickets]; nanoseconds of %globaltimer, thread 0 of the CTA.
@@ -63,7 +63,7 @@ struct Step {
   float scale_log2;
   int stop;        // PS_STOP_*: the whole step, or its estimate (and select tickets) only
   int queue_ctas;  // CTAs that start on the queue (at most gridDim.x - 1: one CTA estimates)
-  Trace trace;     // the launch's timeline, or nothing (tests/quest_step_probe.py)
+  Trace trace;     // the launch's timeline, or nothing (tools/quest_step_probe.py)
   int selects, total;  // select tickets; all tickets
 
   QP_DEVICE void plan() {

@@ -54,7 +54,7 @@ QP_DEVICE BoxSlots box_slots(int box, int page_size, int first, int end) {
 
 // BOXES: min / max boxes per page ([N, Hkv, BOXES, 2, d]; quest-boxes:c), 1 for Quest's one.
 template <typename K, typename TS, int D, int BOXES>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(SUM_THREADS)
 summary_kernel(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
                const int* __restrict__ page_ids, const int* __restrict__ first,
                const int* __restrict__ end, int kv_heads, int page_size,

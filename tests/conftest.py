@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +18,19 @@ from questprof.core.layout import from_storage, random_paged_kv, rebuild_plan, t
 from kernel_objects import kernel_builds, objects  # noqa: F401  (the compiled kernels: fixtures)
 
 TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-5}  # ||out - ref|| / ||ref|| against float64
+TOOLS = Path(__file__).resolve().parent.parent / "tools"
+
+
+def tool(name: str) -> types.ModuleType:
+    """tools/<name>.py loaded as a module, its main() not run (the tools are scripts, not a
+    package on the path)."""
+    spec = importlib.util.spec_from_file_location(f"tools.{name}", TOOLS / f"{name}.py")
+    module, path = importlib.util.module_from_spec(spec), sys.path[:]
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = path  # a tool puts the repository root first; the tests keep theirs
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

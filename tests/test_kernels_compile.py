@@ -122,7 +122,7 @@ def test_cupy_backend_holds_no_copy_of_a_kernel_constant():
     text = "".join(p.read_text(encoding="utf-8") for p in LAUNCHER)
     for name in ("TK_THREAD_OPTIONS", "ATT_WARPS", "ATT_LOADS", "ATT_STAGES",
                  "EST_WARPS", "EST_NTILES", "EST_NTILE_BLOCKS", "QP_MEASURED_HEAD_DIMS",
-                 "QP_MEASURED_GROUPS"):
+                 "QP_MEASURED_GROUPS", "SUM_THREADS"):
         assert name in text, f"the launcher no longer uses {name}"
 
 

@@ -195,7 +195,7 @@ DISTINCT_BUILDS = list({d: n for n in PROBE_BUILDS
 @gpu_only
 @pytest.mark.parametrize("name", PROBE_BUILDS)
 def test_each_probe_build_on_a_long_row_and_the_edges(gpu, rng, name):
-    """Every build tests/quest_step_probe.py times (launch_args.TUNINGS), at KV heads a multiple
+    """Every build tools/quest_step_probe.py times (launch_args.TUNINGS), at KV heads a multiple
     of its block: a long row, then tails 1, S-1, S, S+1 and a one-token request on a grid of 3
     CTAs; its estimate-and-select phase gives the same selection."""
     from questprof.backends import cupy as ops
@@ -282,21 +282,3 @@ def test_probe_builds_compile(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name, result in pool.map(build, DISTINCT_BUILDS):
             assert result.returncode == 0, (name, result.stderr)
-
-
-def test_the_gpu_summary_table():
-    """tests/quest_step_table.py: both steps, dense and SDPA, the plain read and their ratios."""
-    from quest_step_table import table
-
-    case = {"model": "mha-32h-d128", "length": 32768, "batch": 1, "budget": 2048,
-            "mode": "per-head"}
-    rows = [{**case, "stage": "quest", "impl": "ours", "median_ms": 0.032},
-            {**case, "stage": "quest", "impl": "ours-persistent", "median_ms": 0.020,
-             "same_read_ms": 0.0176},
-            {**case, "stage": "dense", "impl": "ours", "median_ms": 0.128},
-            {**case, "stage": "dense", "impl": "torch-sdpa", "median_ms": 0.1257},
-            {**case, "stage": "quest", "impl": "ours-fused", "median_ms": None}]
-    head, _, line = table(rows)
-    assert head.startswith("| case | 3-kernel us | persistent us")
-    assert line == ("| mha-32h-d128 32K B1 b2048 per-head | 32.0 | 20.0 | 128.0 | 125.7 | 17.60 "
-                    "| 3.93 | 6.29 | 1.60 | 0.88 |")

@@ -7,8 +7,8 @@ SDPA) and the speedup of our default step against the fastest dense.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 FORMS = (("quest", "ours"), ("quest", "ours-2-kernels"), ("quest", "ours-3-kernels"),
@@ -17,14 +17,19 @@ COLUMNS = (("estimate", "ours"), ("topk", "ours"), ("attention", "ours"), *FORMS
            ("dense", "ours"), ("dense", "torch-sdpa"))
 
 
-def main(path: str) -> None:
-    folder = Path(path)
+def load_rows(folder: Path) -> list[dict]:
+    """The rows of a bench directory: rows.json, or rows.jsonl of a run cut short (the cases it
+    finished)."""
     if (folder / "rows.json").is_file():
-        rows = json.loads((folder / "rows.json").read_text(encoding="utf-8"))
-    else:  # a run cut short: the cases it finished
-        rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+        return json.loads((folder / "rows.json").read_text(encoding="utf-8"))
+    return [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help="a `questprof bench` results directory")
     cases: dict[tuple, dict] = {}
-    for r in rows:
+    for r in load_rows(parser.parse_args().folder):
         key = (r["model"], r["length"], r["batch"], r["mode"])
         cases.setdefault(key, {})[(r["stage"], r.get("impl"))] = r
     head = " ".join(f"{s[:5]}:{i.removeprefix('ours-')[:6]}" for s, i in COLUMNS)
@@ -50,4 +55,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

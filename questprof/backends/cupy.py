@@ -28,6 +28,7 @@ from questprof.core.stages import MODES, check_mode
 _C = constants.load()
 GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
 ATT_WARPS = _C["ATT_WARPS"]
+SUM_THREADS = _C["SUM_THREADS"]  # summary.cu's CTA (its __launch_bounds__)
 TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared memory
 # Stages of quest() whose kernels release the next grid right after their own grid_wait; the
 # others let it launch as they end. H200, us per layer (MHA 32K-2048 / 128K-4096 / 32K B8): plain
@@ -86,8 +87,8 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
     args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
     kernel = load_kernel("summary", f"summary_kernel<{kv_tag}, {summary_tag}, {kv.head_dim}, 1>")
-    kernel((len(plan),), (256,), (kv.k, kv.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size),
-                                  _scale(kv, "k_scale")))
+    kernel((len(plan),), (SUM_THREADS,), (kv.k, kv.summary, *args, _i32(kv.kv_heads),
+                                          _i32(kv.page_size), _scale(kv, "k_scale")))
 
 
 def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scale=_NULL,

@@ -66,7 +66,7 @@ def summary(kv: PagedKV, fs: FormSummary, plan: AppendPlan) -> None:
         return
     args = [ops._device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
     expr = f"summary_kernel<{kv_tag}, {tag}, {kv.head_dim}, {fs.form.boxes}>"
-    ops.load_kernel("summary", expr)((len(plan),), (256,), (
+    ops.load_kernel("summary", expr)((len(plan),), (ops.SUM_THREADS,), (
         kv.k, fs.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size),
         _NULL if fs.scale is None else fs.scale))
 

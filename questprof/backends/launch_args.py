@@ -163,7 +163,7 @@ class StepTuning:
 
 
 DEFAULT_TUNING = StepTuning()
-# The builds and launches tests/quest_step_probe.py times against the default (and the GPU tests
+# The builds and launches tools/quest_step_probe.py times against the default (and the GPU tests
 # check): threads per CTA, CTAs per SM, CTAs on the queue from the start.
 TUNINGS = {"default": DEFAULT_TUNING, "queue-0": StepTuning(queue_ctas=0),
            "queue-32": StepTuning(queue_ctas=32), "splits-x1": StepTuning(att_waves=1.0),

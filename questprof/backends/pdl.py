@@ -31,7 +31,7 @@ def unavailable_reason() -> str | None:
     """Why PDL launches cannot be made on the current device, or None when they can."""
     try:
         _driver()
-    except Exception as exc:  # ImportError, or a binding that fails to load
+    except ImportError as exc:  # not installed, or built for another Python
         return f"cuda.bindings is not importable ({type(exc).__name__}: {exc})"
     major = int(cupy.cuda.Device().compute_capability[:-1])
     if major < 9:

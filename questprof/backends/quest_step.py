@@ -46,16 +46,20 @@ def _blocks_per_sm(expression: str, defines: tuple[str, ...], smem: int, threads
     """Resident CTAs per SM of a build, as the driver computes them (cuda.bindings), at most
     `ctas` (what __launch_bounds__ and the shared memory are sized for); `ctas` where the driver
     cannot be asked. Any grid is correct: this only sizes the wave."""
+    function = getattr(ops.load_kernel(STAGE, expression, defines), "kernel", None)
+    if function is None:  # a stand-in for CuPy (tests/cupy_stub.py): no driver function to ask
+        return ctas
     try:
         driver = _driver()
-        kernel = ops.load_kernel(STAGE, expression, defines)
         err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            driver.CUfunction(kernel.kernel.ptr), threads, smem)
-        if err != driver.CUresult.CUDA_SUCCESS or blocks < 1:
-            return ctas
-        return min(ctas, int(blocks))
-    except Exception:  # no cuda.bindings here, or a stand-in for CuPy
+            driver.CUfunction(function.ptr), threads, smem)
+    except ImportError:  # no cuda.bindings here
         return ctas
+    except RuntimeError:  # cuda.bindings' words for a libcuda it cannot open or that lacks the call
+        return ctas
+    if err != driver.CUresult.CUDA_SUCCESS or blocks < 1:
+        return ctas
+    return min(ctas, int(blocks))
 
 
 def _unscored(size: int) -> cupy.ndarray:
@@ -86,10 +90,10 @@ def step_outputs(q, kv, k_pages: int, mode: str = "per-head", sinks: int = 0, wi
                  tuning: StepTuning = DEFAULT_TUNING, stop: str = "all", trace=None):
     """quest_step's (out, lse, sel, count) and the scores [Hq, nnz] float32 it selected from.
     stop: "all", or "estimate" / "select" to run only the estimate (and select) tickets (out,
-    lse, and with "estimate" sel and count, are then left unwritten: tests/quest_step_probe.py
+    lse, and with "estimate" sel and count, are then left unwritten: tools/quest_step_probe.py
     times the phases). The scores are the selection's input only with stop "estimate": otherwise
     each select ticket has put its row back to UNSCORED. trace: None, or a StepTrace that gets
-    the launch's timeline (tests/quest_step_probe.py)."""
+    the launch's timeline (tools/quest_step_probe.py)."""
     q_tag, _, _ = check_kv(kv)
     check_budget(k_pages, sinks, window)
     q_heads, g = check_q(q, kv)

@@ -17,6 +17,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from questprof import backends
+
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 INTERVAL_NS = 100_000  # ~310 samples a 30 ms window (pads too); 10 us: 10x the decoding, same sums
 MAX_SAMPLES = 20_000
@@ -37,7 +39,7 @@ def _text(exc: BaseException) -> str:
         import cupti.cupti as cc
 
         return f"{cc.Result(status).name} ({int(status)}): {exc}"
-    except Exception:  # an unknown status still gets its number
+    except (ImportError, ValueError):  # no cupti.cupti, or a status Result does not name
         return f"CUPTI status {status}: {exc}"
 
 
@@ -47,7 +49,8 @@ def _check(step: str, fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except CuptiError:
         raise
-    except Exception as exc:  # cuptiError, and the ValueError/RuntimeError it wraps them in
+    except Exception as exc:  # deliberately any: cupti-python raises cuptiError and wraps it in
+        # ValueError / RuntimeError; each becomes one CuptiError naming the step
         raise CuptiError(f"CUPTI {step}: {_text(exc)}") from None
 
 
@@ -56,22 +59,19 @@ def available() -> tuple[bool, str | None]:
     decodes on the current GPU (an empty window of ~1 ms), else (False, CUPTI's text); never
     raises. Enabling a collector is not enough: on an H200 (cupti-python 13.4 over CUPTI
     13.0.85) enable succeeded and configure failed."""
-    try:
-        import cupy
-
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return False, "CUPTI: no CUDA device is visible"
-    except Exception as exc:
-        return False, f"CUPTI: no usable CUDA device ({type(exc).__name__}: {exc})"
+    reason = backends.gpu_unavailable_reason()
+    if reason:
+        return False, f"CUPTI: {reason}"
     try:
         import cupti.pm_sampling  # noqa: F401
-    except Exception as exc:
+    except Exception as exc:  # deliberately any: an optional package whose failure is the reason
         return False, (f"CUPTI: cupti-python is not importable ({type(exc).__name__}: {exc}); "
                        "install cupti-python and nvidia-cuda-cupti")
     try:
         _window(lambda: None, INTERVAL_NS)
         return True, None
-    except Exception as exc:
+    except Exception as exc:  # deliberately any: a window that fails (CUPTI, CuPy, torch's CUDA
+        # start) means no byte counts here, and its words are the reason
         return False, str(exc) if isinstance(exc, CuptiError) else f"CUPTI: {_text(exc)}"
 
 

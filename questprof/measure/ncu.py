@@ -21,6 +21,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
+from questprof import backends
+
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 NCU_PATHS = ("/usr/local/cuda/bin/ncu",)
 
@@ -93,16 +95,12 @@ def ncu_path() -> str | None:
 
 
 def available() -> tuple[bool, str | None]:
-    """(True, None) when ncu and a CUDA device are there, else (False, why); never raises."""
-    try:
-        if ncu_path() is None:
-            return False, "ncu: Nsight Compute (ncu) is not on PATH nor in /usr/local/cuda/bin"
-        from questprof.backends import gpu_unavailable_reason
-
-        reason = gpu_unavailable_reason()
-        return (False, f"ncu: {reason}") if reason else (True, None)
-    except Exception as exc:
-        return False, f"ncu: {type(exc).__name__}: {exc}"
+    """(True, None) when ncu and a CUDA device are there, else (False, why); never raises (a
+    path lookup, and gpu_unavailable_reason, which says why rather than raising)."""
+    if ncu_path() is None:
+        return False, "ncu: Nsight Compute (ncu) is not on PATH nor in /usr/local/cuda/bin"
+    reason = backends.gpu_unavailable_reason()
+    return (False, f"ncu: {reason}") if reason else (True, None)
 
 
 def command(job: dict, kernel_regex: str = ".", entry: str = "questprof.measure.ncu") -> list[str]:

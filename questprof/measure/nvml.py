@@ -49,7 +49,7 @@ def available() -> tuple[bool, str | None]:
     try:
         handle()
         return True, None
-    except Exception as exc:  # ImportError, NvmlError, anything a broken driver throws
+    except (ImportError, NvmlError) as exc:  # no pynvml, or any NVML status (no library, no driver)
         return False, f"NVML: {type(exc).__name__}: {exc}"
 
 
@@ -62,7 +62,7 @@ def handle():
         import cupy
 
         bus_id = cupy.cuda.Device().pci_bus_id
-    except Exception:  # no CuPy or no CUDA device: NVML's own first device
+    except (ImportError, RuntimeError):  # no CuPy, or no device (CUDARuntimeError): NVML's first
         return _call(pynvml.nvmlDeviceGetHandleByIndex, 0)
     return _call(pynvml.nvmlDeviceGetHandleByPciBusId, bus_id.encode())
 
@@ -118,7 +118,7 @@ def gpm_available() -> tuple[bool, str | None]:
         if not support.isSupportedDevice:
             return False, "NVML GPM: this GPU does not support GPM metrics (Hopper or later)"
         return True, None
-    except Exception as exc:
+    except (ImportError, AttributeError, NvmlError) as exc:  # no pynvml, one without GPM, a status
         return False, f"NVML GPM: {type(exc).__name__}: {exc}"
 
 

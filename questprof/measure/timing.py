@@ -51,7 +51,7 @@ def _clocks() -> dict | None:
         return None
     try:
         return nvml.snapshot()
-    except Exception:  # a clock read must never fail a timing
+    except Exception:  # deliberately any: the clocks are context, and must never fail a timing
         return None
 
 
@@ -125,7 +125,8 @@ def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
         if graph:
             try:
                 run = capture(launch, stream, uses_torch)
-            except Exception as exc:  # capture unsupported here: time launches, and say why
+            except Exception as exc:  # deliberately any: a capture that fails (CuPy's, torch's or a
+                # peer's own error) is timed as eager launches, and the row's method says why
                 stream.synchronize()
                 note = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); eager launches"
         for _ in range(warmup):

@@ -40,7 +40,8 @@ def _import():
         if getattr(exc, "name", None) == "flashinfer":
             raise Unavailable(f"flashinfer-python is not installed ({INSTALL})") from None
         raise Unavailable(f"import flashinfer failed: {refusal(exc)}") from None
-    except Exception as exc:  # a broken install: its own words, on one line
+    except Exception as exc:  # deliberately any: a broken install fails its own way, and its
+        # words become the reason FlashInfer's rows are skipped with, on one line
         raise Unavailable(f"import flashinfer failed: {refusal(exc)}") from None
     return flashinfer
 

@@ -203,7 +203,8 @@ def time_rank(backend, comm, pools: RankPools, warmup: int = 3, repeats: int = 2
         try:
             out[name] = time_layers(b, runs[name], len(kvs), warmup, repeats, graph,
                                     uses_torch=b.is_gpu).summary()
-        except Exception as exc:  # every rank runs the same code: the others fail alike
+        except Exception as exc:  # deliberately any: a phase that fails is a row with its error,
+            # not a lost run; every rank runs the same code, so the others fail alike
             out[name] = {"median_ms": float("nan"), "error": f"{type(exc).__name__}: {exc}"}
     return out, host
 

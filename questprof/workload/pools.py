@@ -60,7 +60,7 @@ def l2_bytes() -> int:
         import cupy
 
         return int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"])
-    except Exception:  # no CuPy or no device here
+    except (ImportError, RuntimeError):  # no CuPy, or no device here (CUDARuntimeError)
         return L2_DEFAULT
 
 

@@ -1,6 +1,6 @@
-"""The selectors' bench rows on a GPU, as one short table (not a test).
+"""The selectors' bench rows on a GPU, as one short table.
 
-python3 tests/selector_bench.py [--repeats N] [--no-peers]: the cases of scenarios/bench.toml
+python3 tools/selector_bench.py [--repeats N] [--no-peers]: the cases of scenarios/bench.toml
 that name `selectors` (MHA 32 heads, d 128, fp16, page 16: 32K budget 2048 and 128K budget
 4096 at batch 1), every row of `questprof bench` for them (torch SDPA and FlashInfer where
 installed, for the fastest dense), then per selector: estimate, top-K, attention and step us
@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
 
-from questprof.commands.bench import BENCH_FILE, load_bench, run_bench
-from questprof.commands.bench_selectors import selectors_of
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from questprof.commands.bench import BENCH_FILE, load_bench, run_bench  # noqa: E402
+from questprof.commands.bench_selectors import selectors_of  # noqa: E402
 
 
 def table(rows: list[dict]) -> pd.DataFrame:

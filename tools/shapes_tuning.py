@@ -1,6 +1,6 @@
-"""Issue 24's missed shapes under several launch choices, side by side in one process (not a test).
+"""Issue 24's missed shapes under several launch choices, side by side in one process.
 
-python3 tests/shapes_tuning.py [--repeats N] [--cases qwen,g16,...] [--tunes merge|rings]: for
+python3 tools/shapes_tuning.py [--repeats N] [--cases qwen,g16,...] [--tunes merge|rings]: for
 each case (models of scenarios/bench.toml) and each QP_TUNE variant of the set (backends/
 variants.py, Tuning), first the variant's output against the float64 reference (dense attention,
 sparse attention over the per-head selection of a 2048-token budget, and the estimate where the

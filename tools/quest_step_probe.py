@@ -1,5 +1,5 @@
-"""Where the persistent Quest step's time goes (not a test): `python3 tests/quest_step_probe.py`
-on a GPU, from the repository root (about 1-2 minutes on an H200, most of it NVRTC builds).
+"""Where the persistent Quest step's time goes: `python3 tools/quest_step_probe.py` on a GPU
+(about 1-2 minutes on an H200, most of it NVRTC builds).
 
 On bench's two batch-1 cases (scenarios/bench.toml, quick: MHA 32 heads, d 128, fp16, page 16;
 32K budget 2048 and 128K budget 4096), with bench's timing protocol (CUDA graphs over a cold pass
@@ -15,6 +15,7 @@ Prints one table last: us per layer, medians.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -152,6 +153,7 @@ def table(cases: list, results: list[dict]) -> list[str]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help
     from questprof.backends import get_backend
 
     start, backend, cases = time.perf_counter(), get_backend("cupy"), bench_cases()

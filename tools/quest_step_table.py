@@ -1,5 +1,5 @@
-"""The persistent Quest step against the three-kernel one, from a bench results directory (not a
-test): python3 tests/quest_step_table.py DIR, after `questprof bench --quick --out DIR`.
+"""The persistent Quest step against the three-kernel one, from a bench results directory:
+python3 tools/quest_step_table.py DIR, after `questprof bench --quick --out DIR`.
 
 One line per case: both steps' us per layer, our dense and torch SDPA, a plain cold read of the
 step's bytes (the bench's same-bytes read), the speedups against the fastest dense, 3-kernel /
@@ -8,8 +8,8 @@ persistent, and the persistent step's share of the plain read (goal >= 0.80 at 3
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 COLUMNS = ("case", "3-kernel us", "persistent us", "dense us", "SDPA us", "plain read us",
@@ -49,8 +49,10 @@ def table(rows: list[dict]) -> list[str]:
 
 
 def main() -> None:
-    directory = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    rows = json.loads((directory / "rows.json").read_text(encoding="utf-8"))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path, nargs="?", default=Path("."),
+                        help="a bench results directory (its rows.json)")
+    rows = json.loads((parser.parse_args().directory / "rows.json").read_text(encoding="utf-8"))
     print("\n".join(table(rows)))
 
 

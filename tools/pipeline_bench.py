@@ -1,6 +1,6 @@
-"""Time the Quest step as a pipeline against its stages, our dense and torch SDPA (not a test).
+"""Time the Quest step as a pipeline against its stages, our dense and torch SDPA.
 
-python3 tests/pipeline_bench.py [--repeats N]: MHA 32 heads, d 128, fp16, page 16; 32K budget 2048
+python3 tools/pipeline_bench.py [--repeats N]: MHA 32 heads, d 128, fp16, page 16; 32K budget 2048
 and 128K budget 4096 at batch 1, 32K budget 2048 at batch 8. Each layer has its own pool, and a
 pass walks enough layers that the Quest stages read >= 8x the L2 between visits of one pool; a
 pass is captured as one CUDA graph and replayed; us per layer, median (p20-p80) of the replays.
@@ -14,21 +14,25 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
-import cupy
 import numpy as np
 
-from questprof.backends import cupy as ops
-from questprof.backends.cupy import CupyBackend
-from questprof.backends.pdl import STAGES, Launcher
-from questprof.core.layout import PagedKV, page_tables, rebuild_plan
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from questprof.core.layout import PagedKV, page_tables, rebuild_plan  # noqa: E402
 
 HEADS, D, S, DTYPE = 32, 128, 16, "fp16"
 CASES = ((32768, 1, 2048), (131072, 1, 4096), (32768, 8, 2048))  # (tokens, batch, budget)
 
 
-def _layer(rng, lengths, num_pages) -> tuple[PagedKV, cupy.ndarray]:
-    """One layer's pool on the device (random K, V; summaries by the summary kernel) and q."""
+def _layer(rng, lengths, num_pages) -> tuple[PagedKV, object]:
+    """One layer's pool on the device (random K, V; summaries by the summary kernel) and its q
+    (CuPy arrays)."""
+    import cupy
+
+    from questprof.backends import cupy as ops
+
     indptr, indices, last = page_tables(lengths, S, num_pages, rng)
     shape = (num_pages, HEADS, S, D)
     k = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(cupy.float16)
@@ -45,6 +49,8 @@ def _layer(rng, lengths, num_pages) -> tuple[PagedKV, cupy.ndarray]:
 
 def _time(run_layer, layers: int, repeats: int) -> tuple[float, float, float]:
     """(median, p20, p80) us per layer of a CUDA-graph replay of one pass over the layers."""
+    import cupy
+
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         for layer in range(layers):  # compile and fill the pool before the capture
@@ -98,6 +104,10 @@ def _sdpa(tokens: int, batch: int, layers: int, repeats: int):
 
 def read_ceiling_gbs(repeats: int = 10) -> float:
     """GB/s of the calibration read kernel (kernels/ceilings.cu) over 2 GiB, median."""
+    import cupy
+
+    from questprof.backends import cupy as ops
+
     n = (2 << 30) // 16
     x = cupy.random.standard_normal(n * 4, dtype=cupy.float32)
     sink = cupy.zeros(1, dtype=cupy.float32)
@@ -117,18 +127,32 @@ def read_ceiling_gbs(repeats: int = 10) -> float:
     return n * 16 / (float(np.median(times)) * 1e-3) / 1e9
 
 
-VARIANTS = {  # PDL launch variants of quest()'s default step (estimate, top-K, attention): (stages
-    # launched with the attribute, stages releasing early)
-    "pipeline": (STAGES, ops.QUEST_EARLY_RELEASE),  # what CupyBackend.quest runs
-    "pdl all-early": (STAGES, STAGES),
-    "pdl end-release": (STAGES, ()),
-    "pdl no-estimate": (("topk", "attention"), ("topk",)),
-}
-NAMES = ("estimate", "topk", "attention", "quest composed", *(f"quest {v}" for v in VARIANTS),
-         "dense", "torch SDPA")
+def launchers() -> dict:
+    """'quest <variant>' -> the PDL Launcher of a launch variant of quest()'s default step."""
+    from questprof.backends import cupy as ops
+    from questprof.backends.pdl import STAGES, Launcher
+
+    variants = {  # (stages launched with the attribute, stages releasing early)
+        "pipeline": (STAGES, ops.QUEST_EARLY_RELEASE),  # what CupyBackend.quest runs
+        "pdl all-early": (STAGES, STAGES),
+        "pdl end-release": (STAGES, ()),
+        "pdl no-estimate": (("topk", "attention"), ("topk",)),
+    }
+    return {f"quest {name}": Launcher(stages=stages, early=early)
+            for name, (stages, early) in variants.items()}
+
+
+def names() -> tuple[str, ...]:
+    """The timed rows of a case, in the table's order."""
+    return ("estimate", "topk", "attention", "quest composed", *launchers(), "dense", "torch SDPA")
 
 
 def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> dict:
+    """One case's row: names() -> (median, p20, p80) us per layer, the launch paths, layers, PTX."""
+    import cupy
+
+    from questprof.backends import cupy as ops
+
     rng = np.random.default_rng(tokens + batch)
     k_pages = budget // S
     pages = tokens // S
@@ -138,19 +162,18 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
     scores = [ops.estimate(q, kv) for kv, q in pool]
     picks = [ops.topk(s, kv, k_pages) for s, (kv, _) in zip(scores, pool)]
     cupy.cuda.Device().synchronize()  # the timing streams do not wait for the null stream
-    launchers = {f"quest {v}": Launcher(stages=st, early=early)
-                 for v, (st, early) in VARIANTS.items()}
+    launches = launchers()
     runs = {
         "estimate": lambda l: ops.estimate(pool[l][1], pool[l][0]),
         "topk": lambda l: ops.topk(scores[l], pool[l][0], k_pages),
         "attention": lambda l: ops.attention(pool[l][1], pool[l][0], *picks[l]),
         "quest composed": lambda l: ops.quest(pool[l][1], pool[l][0], k_pages),
         **{name: (lambda l, la=la: ops.quest(pool[l][1], pool[l][0], k_pages, launch=la))
-           for name, la in launchers.items()},
+           for name, la in launches.items()},
         "dense": lambda l: ops.attention(pool[l][1], pool[l][0]),
     }
     row = {name: _time(run, layers, repeats) for name, run in runs.items()}
-    row["path"] = {name: la.path for name, la in launchers.items()}
+    row["path"] = {name: la.path for name, la in launches.items()}
     row["layers"] = layers
     kernel = ops.load_kernel("topk", "topk_kernel<1024>")
     row["ptx"] = (kernel.ptx_version, kernel.binary_version)
@@ -165,6 +188,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--case", type=int, help="run CASES[i] alone, print its row as JSON")
     args = parser.parse_args()
+    import cupy
+
+    from questprof.backends.cupy import CupyBackend
+
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     l2 = int(props["l2CacheSize"])
     if args.case is not None:
@@ -173,7 +200,7 @@ def main() -> None:
     ceiling = read_ceiling_gbs()
     print(f"{props['name'].decode()}, L2 {l2 >> 20} MiB, read ceiling {ceiling:.0f} GB/s, "
           f"backend quest_path {CupyBackend().quest_path}", flush=True)
-    rows = []
+    rows, columns = [], names()
     for i, (tokens, batch, budget) in enumerate(CASES):  # a process per case: one fault, one case
         done = subprocess.run([sys.executable, __file__, "--case", str(i), "--repeats",
                                str(args.repeats)], capture_output=True, text=True)
@@ -183,14 +210,14 @@ def main() -> None:
         row = json.loads(done.stdout.strip().splitlines()[-1])
         rows.append(((tokens, batch, budget), row))
         detail = ", ".join(f"{n} {row[n][0]:.1f} ({row[n][1]:.1f}-{row[n][2]:.1f})"
-                           for n in NAMES if row.get(n))
+                           for n in columns if row.get(n))
         print(f"{tokens // 1024}K B{batch} budget {budget}, {row['layers']} layers, ptx/sass "
               f"{row['ptx']}, paths {set(row['path'].values())}: {detail}", flush=True)
     print("\nus per layer, median of CUDA-graph replays (SDPA: eager, events)")
-    print("| case | " + " | ".join(NAMES) + " | stage sum | faster dense / pipeline |")
-    print("|---|" + "---:|" * (len(NAMES) + 2))
+    print("| case | " + " | ".join(columns) + " | stage sum | faster dense / pipeline |")
+    print("|---|" + "---:|" * (len(columns) + 2))
     for (tokens, batch, budget), row in rows:
-        cells = [f"{row[n][0]:.1f}" if row.get(n) else "-" for n in NAMES]
+        cells = [f"{row[n][0]:.1f}" if row.get(n) else "-" for n in columns]
         stage_sum = sum(row[n][0] for n in ("estimate", "topk", "attention"))
         dense = min(row["dense"][0], row["torch SDPA"][0] if row.get("torch SDPA") else math.inf)
         print(f"| {tokens // 1024}K B{batch} b{budget} | " + " | ".join(cells)
