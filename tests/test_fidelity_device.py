@@ -119,7 +119,7 @@ def test_the_gpu_index_class_on_the_device_path_gives_the_host_results(tiny, mon
     """PageIndex (a GPU backend's index: the backend's stages over one pool) under the device
     path and the task, here over the NumPy reference backend, against the vectorised host
     index: its selections stay backend arrays (host=False) with count min(K, pages)."""
-    from questprof.fidelity.select import PageIndex
+    from questprof.fidelity.page_index import PageIndex
     batch = [random_tokens(97, 45, seed=s) for s in (1, 2)]
     got = model_run.capture(tiny, batch, 3, "random-tokens")
     backend, grid = get_backend("numpy"), FidelityGrid((8,), (16, 64), ("per-head", "shared-mean"))

@@ -57,7 +57,7 @@ def as_tensor(x, device) -> torch.Tensor:
 def selection_masks(sel: torch.Tensor, count: int, heads: int, pages: int) -> torch.Tensor:
     """Selections sel [Hs, B, K] (first `count` valid, ascending) -> bool [B * Hq, P], rows
     request-major, `heads` = B * Hq; a shared mode's KV head mask repeats for its q heads
-    (metrics.selection_mask of select.flat_selection, for a whole batch)."""
+    (metrics.selection_mask of evaluate.flat_selection, for a whole batch)."""
     flat = sel.transpose(0, 1).reshape(-1, sel.shape[2])[:, :count].long()
     mask = torch.zeros((flat.shape[0], pages), dtype=torch.bool, device=sel.device)
     mask.scatter_(1, flat, True)

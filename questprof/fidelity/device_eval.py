@@ -3,7 +3,7 @@
 The same figures as evaluate.evaluate_batch (whose NumPy float64 code on the host is the
 reference this is tested against), for captures that stay on the model's device: the
 prompts' heads stacked as rows, dense attention and its page statistics once per (layer,
-step, page size), the selection by the backend's index (select.page_index: the CUDA kernels
+step, page size), the selection by the backend's index (page_index.page_index: the CUDA kernels
 on a GPU, crossing to torch through DLPack), and the metrics of every budget of a page size
 and mode at once, [budgets, rows, pages]. Nothing returns to the host until the last layer.
 
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from questprof.core.layout import pages_for
 from questprof.fidelity.device import as_tensor, selection_masks, stored
 from questprof.fidelity.metrics import METRICS, TOP_TOKENS
-from questprof.fidelity.select import page_index
+from questprof.fidelity.page_index import page_index
 
 
 @dataclass

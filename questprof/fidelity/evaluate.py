@@ -2,7 +2,7 @@
 
 The prompts of a batch run together: their q heads are stacked as B * Hq heads (KV heads as
 B * Hkv) for the metrics, and one index per layer and page size holds all B requests for the
-selection (select.page_index: the backend's kernels on a GPU, the vectorised reference on the
+selection (page_index.page_index: the backend's kernels on a GPU, the vectorised reference on the
 CPU). Budgets of one page size share the scores of a query; only top-K runs per budget.
 """
 
@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from questprof.fidelity.capture import Capture
+from questprof.fidelity.host_index import stored
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         selection_mask, stale_mask)
-from questprof.fidelity.select import page_index, stored
+from questprof.fidelity.page_index import page_index
 from questprof.fidelity.threads import one_thread
 
 

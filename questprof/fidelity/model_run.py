@@ -20,7 +20,7 @@ from questprof.fidelity.capture import Capture, layer_names, raise_nonfinite
 from questprof.fidelity.hooks import Recorder, active, decode, install, prefill, with_room
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
-from questprof.fidelity.select import page_index
+from questprof.fidelity.page_index import page_index
 
 
 @dataclass

@@ -18,7 +18,7 @@ from questprof.core.selection import View
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         stale_mask)
-from questprof.fidelity.select import stored
+from questprof.fidelity.host_index import stored
 from questprof.fidelity.threads import one_thread
 
 QUEST = "quest"

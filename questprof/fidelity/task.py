@@ -7,7 +7,7 @@ decodes are its own. Attention of a row is a softmax over its prompt's prefix an
 tokens, computed so that all settings' queries of a prompt read the prefix's keys and values
 once (the task reads the cache once per page size, not once per budget). Layers below
 `dense_layers` attend to every token; the others to the pages their setting keeps: Quest's
-top-K chosen by select.page_index over all its rows at once, every other selector's by its
+top-K chosen by page_index.page_index over all its rows at once, every other selector's by its
 reference per row (task_select.RowSelectors).
 """
 

@@ -24,7 +24,7 @@ import torch
 
 from questprof.core import selectors as registry
 from questprof.core.selection import View, box_summary, fp8_outward
-from questprof.fidelity.select import stored
+from questprof.fidelity.host_index import stored
 
 QUEST = "quest"
 
