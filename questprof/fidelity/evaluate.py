@@ -4,6 +4,7 @@ The prompts of a batch run together: their q heads are stacked as B * Hq heads (
 B * Hkv) for the metrics, and one index per layer and page size holds all B requests for the
 selection (page_index.page_index: the backend's kernels on a GPU, the vectorised reference on the
 CPU). Budgets of one page size share the scores of a query; only top-K runs per budget.
+The reference of evaluate_device.py, which computes the same where a real model ran.
 """
 
 from __future__ import annotations

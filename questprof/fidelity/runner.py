@@ -165,12 +165,12 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
     """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk.
 
     The captures stay on the model's device and the metrics are computed there
-    (device_eval.py); only other selectors' NumPy references take host copies. torch runs on
+    (evaluate_device.py); only other selectors' NumPy references take host copies. torch runs on
     one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4) capturing 4
     prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the CPU time:
     the second thread waits on the other jobs); the metrics and the task are small ops
     either way."""
-    from questprof.fidelity.device_eval import evaluate_captured
+    from questprof.fidelity.evaluate_device import evaluate_captured
     from questprof.fidelity.model_run import base_indexes, capture
     grid, answers, share = request.grid, {}, min(1.0, len(chunk) / request.prompts)
     with one_thread():

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from questprof.fidelity.device import as_tensor, selection_masks
+from questprof.fidelity.device import as_tensor
 from questprof.fidelity.metrics import selection_mask
+from questprof.fidelity.metrics_device import selection_masks
 from questprof.fidelity.task_select import QUEST, RowSelectors
 
 
