@@ -83,8 +83,9 @@ class Family:
     kernel: Callable[[object], KernelForm] | None = None
 
 
+QUEST = "quest"  # plain Quest: the family that the backends' own stages run
 FAMILIES = {f.name: f for f in (
-    Family("quest", lambda v, k, p, s: selection.topk_bound(v, k),
+    Family(QUEST, lambda v, k, p, s: selection.topk_bound(v, k),
            "Quest: K pages of largest min/max bound U_p, tail page in",
            kernel=lambda p: KernelForm()),
     Family("quest+sink+window", lambda v, k, p, s: selection.sink_window(v, k),

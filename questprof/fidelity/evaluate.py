@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from questprof.core.selectors import QUEST
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.host_index import stored
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
@@ -30,7 +31,7 @@ class FidelityGrid:
     budgets: tuple[int, ...]
     modes: tuple[str, ...] = ("per-head",)
     dtype: str = "fp32"
-    selectors: tuple[str, ...] = ("quest",)
+    selectors: tuple[str, ...] = (QUEST,)
 
     def settings(self):
         """(page_size, budget, mode) of every combination whose budget is whole pages."""

@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from questprof.core.layout import pages_for
+from questprof.fidelity.evaluate_selectors import selector_fields
 from questprof.fidelity.metrics import METRICS
-from questprof.fidelity.selectors import selector_fields
 from questprof.fidelity.stats import recall_interval
 
 STAGE = "fidelity"

@@ -11,8 +11,8 @@ from questprof.core.config import ConfigError
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
+from questprof.fidelity.evaluate_selectors import QUEST, evaluate_selectors, has_quest, others
 from questprof.fidelity.pace import Pace, heartbeat, model_dims, shape_dims
-from questprof.fidelity.selectors import evaluate_selectors, has_quest, others
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
 PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
@@ -207,7 +207,7 @@ def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
         got = decode_settings(loaded, chunk, captured, bases[size], settings, size, mode,
                               request.dense_layers, request.forced)
         for (name, b), value in got.items():
-            key = (size, b, mode) if name == "quest" else (size, b, "per-head", name)
+            key = (size, b, mode) if name == QUEST else (size, b, "per-head", name)
             answers[key] = value
     return answers
 
@@ -272,7 +272,7 @@ def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, lengt
         page_size, budget, mode = key[:3]
         row = rows.task_row(meta, length, page_size, budget, mode, dense,
                             [a.correct for a in got])
-        row["selector"] = key[3] if len(key) > 3 else "quest"
+        row["selector"] = key[3] if len(key) > 3 else QUEST
         row.update(rows.divergence_fields(got))
         row["passkey_keys"] = "|".join(p.answer for p in batch)
         row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a.tokens).strip()

@@ -4,7 +4,7 @@ setting each, answered free-running and, when asked, teacher-forced.
 Quest's rows select through the page index (task.SettingsHook, the backend's stages); every other
 selector of questprof.core.selectors runs its NumPy float64 reference here, one row at a time
 over that row's own keys (its prompt's prefilled prefix and the tokens it decoded), with the same
-views as the metrics (fidelity/selectors.py: seed 1000 * layer + step for `order:random`). A
+views as the metrics (evaluate_selectors.py: seed 1000 * layer + step for `order:random`). A
 stateful selector (h2o, tova) keeps one state per (row, layer) for the whole decode: a page it
 evicted at one step is gone at every later step of that row.
 

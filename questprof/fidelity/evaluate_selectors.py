@@ -1,4 +1,4 @@
-"""Fidelity of the selectors beyond plain Quest, on the same captures, queries and steps.
+"""Every metric of the selectors beyond plain Quest, on the same captures, queries and steps.
 
 Quest itself is measured by the backend under test (evaluate.py); every other selector of
 questprof.core.selectors runs its NumPy float64 reference here, one decode sequence per
@@ -21,7 +21,7 @@ from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, 
 from questprof.fidelity.host_index import stored
 from questprof.fidelity.threads import one_thread
 
-QUEST = "quest"
+QUEST = registry.QUEST
 RHO_DTYPE = "fp16"
 PAGES_READ = METRICS.index("pages_read")
 
