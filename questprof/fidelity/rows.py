@@ -113,7 +113,7 @@ def task_row(meta: dict, length: int, page_size: int, budget: int, mode: str,
 
 
 def divergence_fields(answers: list) -> dict:
-    """Where a setting's answers leave dense's (task_select.Answer per prompt):
+    """Where a setting's answers leave dense's (task_answers.Answer per prompt):
     `dense_agreement` (share of prompts whose tokens all equal dense's), `first_divergence`
     (per prompt, '|'-joined, '-' where none within the steps), `first_divergence_median` (over
     the prompts that diverge; None when none does) and `forced_match` (teacher-forced: share of

@@ -8,10 +8,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from questprof.core.config import ConfigError
+from questprof.core.selectors import QUEST
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
-from questprof.fidelity.evaluate_selectors import QUEST, evaluate_selectors, has_quest, others
+from questprof.fidelity.evaluate_selectors import evaluate_selectors, has_quest, others
 from questprof.fidelity.pace import Pace, heartbeat, model_dims, shape_dims
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
@@ -197,10 +198,10 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
 
 
 def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
-    """{setting key: [task_select.Answer per prompt]}: every selector and budget of a page size
+    """{setting key: [task_answers.Answer per prompt]}: every selector and budget of a page size
     in one decode (Quest in the first --mode, keyed (S, B, mode); the others per head, keyed
     (S, B, 'per-head', name) as their metrics)."""
-    from questprof.fidelity.task import decode_settings
+    from questprof.fidelity.task_decode import decode_settings
     grid, mode, answers = request.grid, request.grid.modes[0], {}
     for size in grid.page_sizes:
         settings = [(name, b) for name in grid.selectors for b in grid.budgets if b % size == 0]
