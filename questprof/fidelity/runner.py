@@ -104,8 +104,9 @@ def _prompts(loaded, request: Request, length: int) -> list[prompts.Prompt]:
     if request.source == "natural":
         return prompts.natural(loaded.tokenizer, length, request.prompts)
     if request.source in ("multikey", "aggregate"):
-        from questprof.fidelity import tasks
-        make = tasks.multikeys if request.source == "multikey" else tasks.aggregates
+        from questprof.fidelity import prompts_spread
+        make = (prompts_spread.multikeys if request.source == "multikey"
+                else prompts_spread.aggregates)
         return make(loaded.tokenizer, length, request.seed)
     return prompts.passkeys(loaded.tokenizer, length, request.prompt_depths(), request.seed)
 
