@@ -87,9 +87,9 @@ def setting_row(base: dict, metrics: np.ndarray, dense_layers: int) -> dict:
     return {**row, **got.columns(DIGITS)}
 
 
-def fidelity_rows(meta: dict, length: int, metrics: dict, dense_layers: int) -> list[dict]:
-    """All rows of one length from {setting: metrics [samples, layers, steps, M, Hq]}
-    (evaluate.evaluate_batch, prompts along the first axis)."""
+def metric_rows(meta: dict, length: int, metrics: dict, dense_layers: int) -> list[dict]:
+    """The head, step and setting rows of one length from {setting: metrics [samples, layers,
+    steps, M, Hq]} (evaluate.evaluate_batch, prompts along the first axis)."""
     rows = []
     with warnings.catch_warnings():  # mass_bound is NaN but for branch and bound: no warning
         warnings.simplefilter("ignore", RuntimeWarning)

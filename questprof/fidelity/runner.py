@@ -61,7 +61,7 @@ def _evaluate(caps, request: Request, backend, scenario: str, length: int, log) 
     log(f"{caps[0].source} {length} tokens: metrics of {len(caps)} capture(s) in "
         f"{time.perf_counter() - started:.1f} s")
     meta = _meta(caps[0], request, backend, scenario, caps[0].source)
-    return rows.fidelity_rows(meta, length, metrics, request.dense_layers)
+    return rows.metric_rows(meta, length, metrics, request.dense_layers)
 
 
 def with_selectors(metrics: dict, caps: list[Capture], grid: FidelityGrid) -> dict:
@@ -256,7 +256,7 @@ def model_rows(request: Request, backend, log, phases: dict | None = None,
             for key, value in got.items():
                 answers.setdefault(key, []).extend(value)
         started = time.perf_counter()
-        made = rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
+        made = rows.metric_rows(meta, length, _concat(parts), request.dense_layers)
         if answers and batch[0].answer:
             made += list(task_rows(loaded, batch, infos, answers, meta, length))
         tally.add("rows", started)
