@@ -19,6 +19,7 @@ from rich.markup import escape
 from questprof import console
 from questprof.backends import BackendUnavailable
 from questprof.commands.render import write_report
+from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
 
 app = typer.Typer(help="Profile Quest (query-aware sparse attention) stage by stage on a GPU.",
@@ -302,9 +303,8 @@ def fidelity(
     mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
         = "per-head",
     selector: Annotated[str, typer.Option(help=(
-        "Page selectors, comma-separated, or 'all': quest, quest+sink+window, streaming, h2o, "
-        "tova, oracle, order:position|random, quest-fp8, quest-boxes:c, quest-gap:t, "
-        "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = "quest",
+        f"Page selectors, comma-separated, or 'all': {selectors.name_list()} "
+        "(docs/FIDELITY.md)"))] = selectors.QUEST,
     steps: Annotated[int, typer.Option(help="Decode steps measured")] = 8,
     prompts: Annotated[Optional[int], typer.Option(help=default(
         "Prompts per length (passkey: keys at spread depths and page offsets)", 20))] = None,
