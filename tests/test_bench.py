@@ -144,7 +144,7 @@ def test_a_selector_without_a_kernel_is_refused_naming_those_with_one():
 
 
 def test_persistent_reason_names_what_is_not_built():
-    from questprof.commands.bench_forms import persistent_reason
+    from questprof.commands.bench_steps import persistent_reason
 
     cases, _ = bench.load_bench()
     ran = {(c.model.name, c.mode) for c in cases if persistent_reason(c) is None}
