@@ -22,6 +22,7 @@ from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.fidelity_args import FidelityArgs
 from questprof.commands.render import write_report
+from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
 
 app = typer.Typer(help="Profile Quest (query-aware sparse attention) stage by stage on a GPU.",
@@ -314,9 +315,8 @@ def fidelity(
     mode: Annotated[str, typer.Option(help="GQA selection modes, comma-separated")]
         = FidelityArgs.mode,
     selector: Annotated[str, typer.Option(help=(
-        "Page selectors, comma-separated, or 'all': quest, quest+sink+window, streaming, h2o, "
-        "tova, oracle, order:position|random, quest-fp8, quest-boxes:c, quest-gap:t, "
-        "quest-topp:p, bnb:R (docs/FIDELITY.md)"))] = FidelityArgs.selector,
+        f"Page selectors, comma-separated, or 'all': {selectors.name_list()} "
+        "(docs/FIDELITY.md)"))] = FidelityArgs.selector,
     steps: Annotated[int, typer.Option(help="Decode steps measured")] = FidelityArgs.steps,
     prompts: Annotated[Optional[int], typer.Option(help=default(
         "Prompts per length (passkey: keys at spread depths and page offsets)", 20))]

@@ -131,8 +131,20 @@ def test_the_bench_file_judges_the_persistent_step():
         ("speedup", 32768), ("speedup", 131072), ("same_ratio", 32768)}
 
 
+def test_a_selector_without_a_kernel_is_refused_naming_those_with_one():
+    from questprof.commands.bench_selectors import check
+    from questprof.core.selectors import FAMILIES, name_list
+
+    check(["quest", "quest-fp8", "quest-boxes:4", "quest-gap:1", "quest-topp:0.9"])
+    with pytest.raises(ConfigError, match="'h2o' has no kernel form") as err:
+        check(["quest", "h2o"])
+    assert str(err.value).endswith(f"kernels run {name_list(kernel=True)}")
+    assert [n for n, f in FAMILIES.items() if f.kernel is not None and n not in str(err.value)
+            ] == []
+
+
 def test_persistent_reason_names_what_is_not_built():
-    from questprof.commands.bench_forms import persistent_reason
+    from questprof.commands.bench_steps import persistent_reason
 
     cases, _ = bench.load_bench()
     ran = {(c.model.name, c.mode) for c in cases if persistent_reason(c) is None}

@@ -8,7 +8,7 @@ from questprof.backends import get_backend
 from questprof.fidelity.evaluate import FidelityGrid, evaluate, evaluate_batch
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         selection_mask, stale_mask)
-from questprof.fidelity.select import PageIndex
+from questprof.fidelity.page_index import PageIndex
 from questprof.fidelity.synthetic import synthetic_capture
 
 GRID = FidelityGrid((8, 16), (16, 32, 64), ("per-head", "shared-max"))
@@ -63,7 +63,7 @@ def test_a_batch_equals_each_capture_the_plain_way():
 def test_starting_from_the_prefilled_summaries_changes_nothing():
     """The task's page summaries of the prefilled keys (one token short of the first step),
     copied for the metrics, give the metrics of indexes built from the first step's keys."""
-    from questprof.fidelity.select import page_index
+    from questprof.fidelity.page_index import page_index
     caps = [synthetic_capture("random", seed, 2, 6, 2, 16, 80, 3) for seed in (4, 5)]
     backend, first = get_backend("numpy"), caps[0].step_length(0)
     bases = {s: {layer: page_index(backend, np.stack([c.keys[layer, :, :first - 1]
@@ -103,8 +103,8 @@ def test_the_gpu_index_class_gives_the_host_results(monkeypatch):
     from questprof.fidelity import evaluate as ev
     from questprof.fidelity import model_run
     from questprof.fidelity.models import LoadedModel
+    from questprof.fidelity.page_index import PageIndex
     from questprof.fidelity.prompts import random_tokens
-    from questprof.fidelity.select import PageIndex
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         hidden_size=96, intermediate_size=128, num_hidden_layers=2, num_attention_heads=6,

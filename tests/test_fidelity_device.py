@@ -1,6 +1,7 @@
-"""The fidelity path where the model ran (device_eval.py, torch) against the host path it
-replaced for real models (evaluate.py, NumPy float64): the same metrics and the same rows, on
-seeded random weights and tokens, lengths whose decode steps cross page boundaries."""
+"""The fidelity path where the model ran (torch) against the host path it replaced for real
+models (NumPy float64): each metric of metrics_device.py against its reference in metrics.py
+on random inputs, and evaluate_device.py against evaluate.py (the same metrics and the same
+rows) on seeded random weights and tokens, lengths whose decode steps cross page boundaries."""
 
 import numpy as np
 import pytest
@@ -10,11 +11,12 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import TOL  # noqa: E402
 from questprof.backends import get_backend  # noqa: E402
-from questprof.fidelity import device_eval, model_run, runner  # noqa: E402
-from questprof.fidelity.device import selection_masks, stored  # noqa: E402
+from questprof.fidelity import evaluate_device, metrics_device, model_run, runner  # noqa: E402
+from questprof.fidelity import metrics as reference  # noqa: E402
+from questprof.fidelity.device import stored  # noqa: E402
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, flat_selection  # noqa: E402
 from questprof.fidelity.host_index import stored as host_stored  # noqa: E402
-from questprof.fidelity.metrics import METRICS, selection_mask  # noqa: E402
+from questprof.fidelity.metrics import METRICS  # noqa: E402
 from questprof.fidelity.models import LoadedModel  # noqa: E402
 from questprof.fidelity.prompts import random_tokens  # noqa: E402
 
@@ -48,9 +50,9 @@ def test_metrics_where_the_model_ran_equal_the_host_path(tiny, dtype, length):
     grid = FidelityGrid(GRID.page_sizes, GRID.budgets, GRID.modes, dtype)
     backend = get_backend("numpy")
     bases = {s: model_run.base_indexes(got, backend, s, dtype, 0) for s in grid.page_sizes}
-    _same(device_eval.evaluate_captured(got, backend, grid, bases),
+    _same(evaluate_device.evaluate_captured(got, backend, grid, bases),
           evaluate_batch(got.captures, backend, grid, bases=bases))
-    _same(device_eval.evaluate_captured(got, backend, grid),
+    _same(evaluate_device.evaluate_captured(got, backend, grid),
           evaluate_batch(got.captures, backend, grid))
 
 
@@ -74,9 +76,87 @@ def test_selection_masks_equal_the_reference_masks(rng, mode_heads):
     for h in range(mode_heads):
         for b in range(batch):
             sel[h, b, :k] = np.sort(rng.choice(pages, k, replace=False))
-    got = selection_masks(torch.from_numpy(sel), k, batch * q_heads, pages)
-    want = selection_mask(flat_selection(sel), k, batch * q_heads, pages)
+    got = metrics_device.selection_masks(torch.from_numpy(sel), k, batch * q_heads, pages)
+    want = reference.selection_mask(flat_selection(sel), k, batch * q_heads, pages)
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+BATCH, Q_HEADS, KV_HEADS, D, SCALING, SIZES = 2, 6, 2, 8, 0.35, (8, 16, 32)
+TAILS = [1, 31, 32, 33, 45]  # tokens: tails of 1, S-1, S and S+1 at S = 32, and 45
+
+
+def _close(got, want, what: str) -> None:
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-9, atol=1e-12, err_msg=what)
+
+
+def _attention(rng, n: int):
+    """Both paths' dense attention of random q [B, Hq, d] over n random keys and values:
+    (the device path's (qk, weights, out) and its values as rows [B * Hkv, width, d], zeros
+    after n; the reference's DenseAttention per request)."""
+    width = -(-n // max(SIZES)) * max(SIZES)
+    q = rng.standard_normal((BATCH, Q_HEADS, D))
+    k, v = (rng.standard_normal((BATCH, KV_HEADS, n, D)) for _ in range(2))
+    rows = [torch.zeros((BATCH * KV_HEADS, width, D), dtype=torch.float64) for _ in range(2)]
+    for flat, x in zip(rows, (k, v)):
+        flat[:, :n] = torch.from_numpy(x.reshape(-1, n, D))
+    device = metrics_device.dense_attention(torch.from_numpy(q), *rows, n, SCALING)
+    return (device, rows[1]), [reference.dense_attention(q[b], k[b], v[b], SCALING)
+                               for b in range(BATCH)]
+
+
+@pytest.mark.parametrize("n", TAILS)
+def test_device_dense_attention_and_page_stats_equal_the_reference(rng, n):
+    """metrics_device's dense attention (requests as rows) and page statistics of every page
+    size (16 and 32 summed from 8's pages) against metrics.py's, request by request."""
+    ((qk, weights, out), values), dense = _attention(rng, n)
+    for name, got in (("qk", qk), ("weights", weights), ("out", out)):
+        _close(got, np.concatenate([getattr(x, name) for x in dense]), name)
+    stats = metrics_device.step_stats(qk, weights, out, values, SIZES, n)
+    for s in SIZES:
+        want = [reference.page_stats(x, s) for x in dense]
+        for name in ("mass", "max_qk", "weighted_v", "out"):
+            _close(getattr(stats[s], name), np.concatenate([getattr(w, name) for w in want]),
+                   f"{name} at S = {s}")
+        np.testing.assert_array_equal(np.sort(stats[s].top_pages.numpy(), axis=1),
+                                      np.sort(np.concatenate([w.top_pages for w in want]), 1))
+
+
+def _masks(rng, heads: int, pages: int, counts: list[int]) -> np.ndarray:
+    """[len(counts), heads, pages] bool: counts[i] pages per row, the tail page among them."""
+    masks = np.zeros((len(counts), heads, pages), dtype=bool)
+    masks[..., -1] = True
+    for i, count in enumerate(counts):
+        for h in range(heads):
+            masks[i, h, rng.choice(pages - 1, count - 1, replace=False)] = True
+    return masks
+
+
+@pytest.mark.parametrize("n", TAILS)
+def test_device_head_metrics_and_stale_masks_equal_the_reference(rng, n):
+    """metrics_device.head_metrics of every budget at once against metrics.head_metrics of
+    each budget and request (float64 within rounding, pages read exactly), on random
+    selections with the tail page, random bounds above the pages' largest q.k and stale
+    masks grown from a step with one page fewer."""
+    ((qk, weights, out), values), dense = _attention(rng, n)
+    stats = metrics_device.step_stats(qk, weights, out, values, SIZES, n)
+    heads = BATCH * Q_HEADS
+    for s in SIZES:
+        pages = stats[s].mass.shape[1]
+        counts = sorted({1, min(2, pages), pages})
+        masks = _masks(rng, heads, pages, counts)
+        first = _masks(rng, heads, max(pages - 1, 1), [1] * len(counts))
+        stale = metrics_device.stale_masks(torch.from_numpy(first), pages).numpy()
+        bound = stats[s].max_qk.numpy() + rng.random((heads, pages))
+        got = metrics_device.head_metrics(stats[s], torch.from_numpy(masks), counts,
+                                          torch.from_numpy(bound), torch.from_numpy(stale))
+        for b in range(BATCH):
+            rows, ref = slice(b * Q_HEADS, (b + 1) * Q_HEADS), reference.page_stats(dense[b], s)
+            for i, count in enumerate(counts):
+                np.testing.assert_array_equal(stale[i], reference.stale_mask(first[i], pages))
+                want = reference.head_metrics(ref, masks[i, rows], bound[rows], stale[i, rows])
+                for j, name in enumerate(METRICS):
+                    _close(got[i, j, rows], want[name], f"{name} at S = {s}, K = {count}")
+                np.testing.assert_array_equal(got[i, PAGES_READ, rows], count)
 
 
 def _rows(request, backend):
@@ -92,7 +172,7 @@ def test_rows_of_the_new_path_equal_the_old(monkeypatch):
                              (300,), steps=3, model="random:smoke", prompts=3, dense_layers=1)
     backend = get_backend("numpy")
     new = _rows(request, backend)
-    monkeypatch.setattr(device_eval, "evaluate_captured",
+    monkeypatch.setattr(evaluate_device, "evaluate_captured",
                         lambda got, b, grid, bases: evaluate_batch(got.captures, b, grid,
                                                                    bases=bases))
     old = _rows(request, backend)
@@ -119,21 +199,21 @@ def test_the_gpu_index_class_on_the_device_path_gives_the_host_results(tiny, mon
     """PageIndex (a GPU backend's index: the backend's stages over one pool) under the device
     path and the task, here over the NumPy reference backend, against the vectorised host
     index: its selections stay backend arrays (host=False) with count min(K, pages)."""
-    from questprof.fidelity.select import PageIndex
+    from questprof.fidelity.page_index import PageIndex
     batch = [random_tokens(97, 45, seed=s) for s in (1, 2)]
     got = model_run.capture(tiny, batch, 3, "random-tokens")
     backend, grid = get_backend("numpy"), FidelityGrid((8,), (16, 64), ("per-head", "shared-mean"))
 
     def run():
         bases = {8: model_run.base_indexes(got, backend, 8, "fp32", 0)}
-        metrics = device_eval.evaluate_captured(got, backend, grid, bases)
+        metrics = evaluate_device.evaluate_captured(got, backend, grid, bases)
         answers = model_run.task_answers(tiny, batch, got, bases[8], [8, 16], 8, "per-head", 1)
         return metrics, answers
 
     host = run()
     make = lambda b, keys, s, dtype, cap: PageIndex(b, keys, s, dtype, cap)  # noqa: E731
     monkeypatch.setattr(model_run, "page_index", make)
-    monkeypatch.setattr(device_eval, "page_index", make)
+    monkeypatch.setattr(evaluate_device, "page_index", make)
     pool = run()
     _same(pool[0], host[0])
     assert pool[1] == host[1]
@@ -157,7 +237,7 @@ def test_the_device_path_on_the_gpu_equals_the_host_metrics_of_its_selections(gp
     got = model_run.capture(loaded, batch, 4, "random-tokens")
     assert got.keys[0].is_cuda
     grid = FidelityGrid((8, 16, 32), (64, 128, 512), ("per-head", "shared-max"), "fp16")
-    new = device_eval.evaluate_captured(got, gpu, grid)
+    new = evaluate_device.evaluate_captured(got, gpu, grid)
     _same(new, evaluate_batch(got.captures, gpu, grid))
     bases = model_run.base_indexes(got, gpu, 16, "fp16", 1)
     answers = model_run.task_answers(loaded, batch, got, bases, [16, 512], 16, "per-head", 1)

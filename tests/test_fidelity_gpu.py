@@ -1,5 +1,5 @@
 """The fidelity path on a GPU: capture on the device, selection by the CuPy kernels (batched
-page pools, copies for the task), metrics in float64 on the device (device_eval.py; its GPU
+page pools, copies for the task), metrics in float64 on the device (evaluate_device.py; its GPU
 test against the host path is in test_fidelity_device.py). Skipped without a GPU."""
 
 import importlib.util

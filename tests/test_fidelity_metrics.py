@@ -9,7 +9,7 @@ from questprof.backends import get_backend
 from questprof.fidelity.evaluate import FidelityGrid, evaluate
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         selection_mask, stale_mask)
-from questprof.fidelity.select import PageIndex
+from questprof.fidelity.page_index import PageIndex
 from questprof.fidelity.synthetic import synthetic_capture
 
 SIZES = (8, 16, 32)

@@ -1,11 +1,14 @@
 """`questprof fidelity --selector`: every selector's rows on the same captures, and its report."""
 
+import re
+
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from questprof import results
 from questprof.cli import app
+from questprof.core.selectors import name_list
 from questprof.report.selectors import points, quest_only
 
 ARGS = ("--source", "synthetic", "--scenario", "smoke", "--lengths", "1k", "--steps", "2",
@@ -23,6 +26,13 @@ def compared(tmp_path_factory):
                  "--out", out)
     assert result.exit_code == 0, result.output
     return out
+
+
+def test_the_help_names_every_selector_of_the_registry():
+    result = CliRunner().invoke(app, ["fidelity", "--help"])
+    assert result.exit_code == 0
+    flat = re.sub(r"[│\s]+", " ", result.stdout)  # Rich wraps help in a box
+    assert f"or 'all': {name_list()} (docs/FIDELITY.md)" in flat
 
 
 def test_rows_of_every_selector_on_the_same_settings(compared):

@@ -13,9 +13,9 @@ from questprof.fidelity import rows  # noqa: E402
 from questprof.fidelity.model_run import base_indexes, capture  # noqa: E402
 from questprof.fidelity.models import LoadedModel  # noqa: E402
 from questprof.fidelity.prompts import random_tokens  # noqa: E402
-from questprof.fidelity.task import decode_settings  # noqa: E402
-from questprof.fidelity.task_select import (Answer, RowSelectors, first_divergence,  # noqa: E402
-                                            forced_inputs)
+from questprof.fidelity.task_answers import Answer, first_divergence, forced_inputs  # noqa: E402
+from questprof.fidelity.task_decode import decode_settings  # noqa: E402
+from questprof.fidelity.task_selectors import RowSelectors  # noqa: E402
 
 STEPS, PAGE = 4, 8
 # every family; the dynamic ones (gap, top-p, bnb) may keep fewer pages than a full budget
@@ -148,7 +148,7 @@ def test_vectorised_topk_bound_equals_the_reference_topk(seed):
 
 
 def test_a_budget_free_selector_decodes_once_and_answers_every_budget(tiny):
-    from questprof.fidelity.task_select import decoded
+    from questprof.fidelity.task_answers import decoded
     settings = [("bnb:10", 16), ("quest", 16), ("bnb:10", 32), ("quest", 32)]
     assert decoded(settings) == [("bnb:10", 16), ("quest", 16), ("quest", 32)]
     out = _decode(tiny, settings)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from questprof import results
 from questprof.cli import app
 from questprof.fidelity.metrics import METRICS
-from questprof.fidelity.rows import fidelity_rows, task_row
+from questprof.fidelity.rows import metric_rows, task_row
 from questprof.report import glance_lines, write_report
 from questprof.report import recommend as rc
 from questprof.results import frame as results_frame
@@ -113,14 +113,14 @@ def test_older_rows_say_what_they_do_not_record():
 def test_setting_rows_are_computed_with_intervals():
     rng = np.random.default_rng(3)
     metrics = {(16, 256, "per-head"): rng.uniform(0.7, 1.0, (5, 4, 3, len(METRICS), 6))}
-    rows = fidelity_rows({**SMALL, "source": "passkey"}, 2048, metrics, dense_layers=1)
+    rows = metric_rows({**SMALL, "source": "passkey"}, 2048, metrics, dense_layers=1)
     setting = [r for r in rows if r["layer"] is None and r["step"] is None]
     assert len(setting) == 1
     s = setting[0]
     assert s["mass_recall_p10_lo"] <= s["mass_recall_p10"] <= s["mass_recall_p10_hi"]
     assert s["mass_recall_lo"] <= s["mass_recall"] <= s["mass_recall_hi"]
     assert (s["samples"], s["steps"], s["bootstrap"]) == (5, 3, 1000)
-    again = fidelity_rows({**SMALL, "source": "passkey"}, 2048, metrics, dense_layers=1)
+    again = metric_rows({**SMALL, "source": "passkey"}, 2048, metrics, dense_layers=1)
     assert [r for r in again if r["layer"] is None and r["step"] is None][0] == s
 
 

@@ -1,6 +1,8 @@
 """The selector registry and its NumPy reference: every entry, against brute force and Quest."""
 
+import re
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,7 +10,9 @@ import pytest
 from questprof.core import model, reference
 from questprof.core.config import ConfigError
 from questprof.core.selection import View
-from questprof.core.selectors import EXAMPLES, FAMILIES, parse, parse_list
+from questprof.core.selectors import EXAMPLES, FAMILIES, name_list, parse, parse_list
+
+FIDELITY_DOC = Path(__file__).resolve().parents[1] / "docs" / "FIDELITY.md"
 
 PAGE = 8
 LENGTHS = (1, PAGE - 1, PAGE, PAGE + 1, 13 * PAGE + 3)  # tail lengths 1, S-1, S, S+1; many pages
@@ -25,6 +29,34 @@ def _view(length: int, seed: int = 0, q_heads: int = 6, kv_heads: int = 2, d: in
 def test_every_family_has_an_example_name():
     assert {parse(n).family.name for n in EXAMPLES} == set(FAMILIES)
     assert [s.name for s in parse_list("all")] == list(EXAMPLES)
+
+
+def test_the_name_list_is_the_table_and_unknown_names_are_told_it():
+    """The names the CLI's help and the errors show come from FAMILIES, in its order."""
+    written = name_list().split(", ")
+    assert [w.partition(":")[0] for w in written] == list(FAMILIES)
+    kernels = name_list(kernel=True).split(", ")
+    assert [k.partition(":")[0] for k in kernels] == [
+        n for n, f in FAMILIES.items() if f.kernel is not None]
+    with pytest.raises(ConfigError, match=re.escape(name_list())):
+        parse("quest-nope")
+
+
+def test_the_docs_table_holds_every_family_once():
+    """docs/FIDELITY.md's selector table: one row per FAMILIES entry, in the table's order."""
+    lines = FIDELITY_DOC.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| name | what it keeps"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append(line)
+    families = []
+    for row in rows:
+        names = re.findall(r"`([^`]+)`", row.split("|")[1])
+        families.append({n.partition(":")[0] for n in names})
+    assert all(len(f) == 1 for f in families)
+    assert [f.pop() for f in families] == list(FAMILIES)
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

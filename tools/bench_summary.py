@@ -1,6 +1,6 @@
 """One line per case of a `questprof bench` results directory: each stage's time (us per layer,
-its read ratio to the run's ceiling), the Quest step in each of our forms, dense (ours, torch
-SDPA) and the speedup of our default step against the fastest dense.
+its read ratio to the run's ceiling), the Quest step in each of our implementations, dense
+(ours, torch SDPA) and the speedup of our default step against the fastest dense.
 
     python tools/bench_summary.py DIR
 """
@@ -11,9 +11,10 @@ import argparse
 import json
 from pathlib import Path
 
-FORMS = (("quest", "ours"), ("quest", "ours-2-kernels"), ("quest", "ours-3-kernels"),
-         ("quest", "ours-fused"), ("quest", "ours-persistent"))
-COLUMNS = (("estimate", "ours"), ("topk", "ours"), ("attention", "ours"), *FORMS,
+# our Quest step's implementations, those that left the code included (older directories)
+STEP_IMPLS = (("quest", "ours"), ("quest", "ours-2-kernels"), ("quest", "ours-3-kernels"),
+              ("quest", "ours-fused"), ("quest", "ours-persistent"))
+COLUMNS = (("estimate", "ours"), ("topk", "ours"), ("attention", "ours"), *STEP_IMPLS,
            ("dense", "ours"), ("dense", "torch-sdpa"))
 
 

@@ -183,9 +183,9 @@ def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, 
     """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
 
     With a PDL `Launcher`, each kernel starts while the one before drains, reading only the
-    step's inputs (page tables, q) before its grid_wait. Two other forms were measured and left
-    the code, slower everywhere on an H200 (notes/KERNELS.md): estimate and top-K as one kernel,
-    and attention whose CTAs selected their own rows' pages (two launches).
+    step's inputs (page tables, q) before its grid_wait. Two other implementations were measured
+    and left the code, slower everywhere on an H200 (notes/KERNELS.md): estimate and top-K as one
+    kernel, and attention whose CTAs selected their own rows' pages (two launches).
     """
     scores = estimate(q, kv, mode, launch=launch)
     sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)

@@ -20,7 +20,7 @@ from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
 from questprof.commands.bench_args import BenchArgs
-from questprof.commands.bench_forms import FORMS, form_gains, form_rows
+from questprof.commands.bench_steps import STEP_IMPLS, step_gains, step_rows
 from questprof.results import OURS, make_row
 from questprof.workload.flashinfer import IMPL as FLASHINFER
 from questprof.workload.pools import check_cache, is_out_of_memory, release
@@ -81,7 +81,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
-    rows += form_rows(cfg, backend, work, time, lambda impl, timing: _row(
+    rows += step_rows(cfg, backend, work, time, lambda impl, timing: _row(
         cfg, "quest", impl, timing, work.work("quest"), ceiling, layers, backend),
         lambda impl, why: make_row(cfg, "quest", scenario="bench", backend=backend.name,
                                    impl=impl, layers=layers, status="skipped", reason=why))
@@ -97,7 +97,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     release(backend)
     if read_ms is not None:
         for r in rows:
-            if r["impl"] in FORMS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
+            if r["impl"] in STEP_IMPLS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
                 ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))
                 if ms is not None:
                     r["same_read_ms"], r["same_ratio"] = ms, ms / r["median_ms"]
@@ -132,9 +132,9 @@ def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
 def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
     our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
-    over the pipeline's time: what running them as one step saves), beside rows of our step's
-    persistent form `persistent_gain` (3-kernel time / persistent time: > 1 where it is faster;
-    bench_forms.form_gains) and, beside FlashInfer's Quest step,
+    over the pipeline's time: what running them as one step saves), beside rows of our
+    persistent step `persistent_gain` (3-kernel time / persistent time: > 1 where it is faster;
+    bench_steps.step_gains) and, beside FlashInfer's Quest step,
     `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
@@ -149,7 +149,7 @@ def add_speedups(rows: list[dict]) -> None:
             r["stages_sum_ms"] = sum(parts.values())
             r["overlap_gain"] = r["stages_sum_ms"] / r["median_ms"]
         if r.get("impl") == OURS:
-            form_gains(r, rows)
+            step_gains(r, rows)
         peer = [u for u in rows if u["stage"] == "quest" and u.get("impl") == FLASHINFER
                 and u.get("median_ms")]
         if r.get("impl") == OURS and peer:
@@ -165,7 +165,7 @@ def _metric(rows: list[dict], goal: dict) -> float | None:
     get = lambda stage, impl=OURS: next((r for r in at if r["stage"] == stage  # noqa: E731
                                          and r["impl"] == impl and r.get("median_ms")), None)
     metric = goal["metric"]
-    if metric == "speedup":  # of our default step, or of the form the goal names (impl)
+    if metric == "speedup":  # of our default step, or of the implementation the goal names (impl)
         quest = get("quest", goal.get("impl", OURS))
         return quest.get("speedup") if quest else None
     if metric == "dense_sdpa":

@@ -43,8 +43,7 @@ def check(names) -> None:
     for name in names:
         if selectors.parse(name).kernel_form is None:
             raise ConfigError(f"bench: selector {name!r} has no kernel form (the NumPy reference "
-                              "only): kernels run quest, quest-fp8, quest-boxes:c, quest-gap, "
-                              "quest-topp")
+                              f"only): kernels run {selectors.name_list(kernel=True)}")
 
 
 def pages_read(picks, group: int) -> dict:

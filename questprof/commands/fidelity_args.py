@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from questprof.core.selectors import QUEST
+
 
 @dataclass(frozen=True)
 class FidelityArgs:
@@ -20,7 +22,7 @@ class FidelityArgs:
     page_size: str = "8,16,32"
     budget: str = "64,128,256,512,1024"
     mode: str = "per-head"  # selection modes, comma-separated
-    selector: str = "quest"  # page selectors, comma-separated, or 'all' (core.selectors)
+    selector: str = QUEST  # page selectors, comma-separated, or 'all' (core.selectors)
     steps: int = 8  # decode steps measured
     prompts: int | None = None  # prompts per length; None: fidelity.runner.PROMPTS
     depths: str | None = None  # passkey depths '0.1,0.5,0.9'; None: spread over 0..1

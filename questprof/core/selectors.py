@@ -83,8 +83,9 @@ class Family:
     kernel: Callable[[object], KernelForm] | None = None
 
 
+QUEST = "quest"  # plain Quest: the family that the backends' own stages run
 FAMILIES = {f.name: f for f in (
-    Family("quest", lambda v, k, p, s: selection.topk_bound(v, k),
+    Family(QUEST, lambda v, k, p, s: selection.topk_bound(v, k),
            "Quest: K pages of largest min/max bound U_p, tail page in",
            kernel=lambda p: KernelForm()),
     Family("quest+sink+window", lambda v, k, p, s: selection.sink_window(v, k),
@@ -128,8 +129,11 @@ EXAMPLES = ("quest", "quest+sink+window", "streaming", "h2o", "tova", "oracle", 
             "quest-topp:0.9", "bnb:10", "bnb:64")
 
 
-def _forms() -> str:
-    return ", ".join(f.name + (f":{f.letter}" if f.param else "") for f in FAMILIES.values())
+def name_list(kernel: bool = False) -> str:
+    """Every family as a name is written, its parameter's letter after a colon ('quest-boxes:c'),
+    comma-separated; kernel: only the families the CUDA kernels run (a `kernel` entry)."""
+    return ", ".join(f.name + (f":{f.letter}" if f.param else "") for f in FAMILIES.values()
+                     if f.kernel is not None or not kernel)
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,7 @@ def parse(name: str) -> Selector:
     base, colon, arg = text.partition(":")
     family = FAMILIES.get(base)
     if family is None:
-        raise ConfigError(f"unknown selector {text!r}: expected one of {_forms()}")
+        raise ConfigError(f"unknown selector {text!r}: expected one of {name_list()}")
     if family.param is None:
         if colon:
             raise ConfigError(f"selector {base!r} takes no parameter (got {text!r})")

@@ -1,6 +1,5 @@
 """torch helpers of the fidelity path on the model's device: rounding to the cache's storage,
-backend arrays (NumPy, CuPy) as torch tensors without a host copy, and Quest's selection as
-masks of pages.
+and backend arrays (NumPy, CuPy) as torch tensors without a host copy.
 
 A real model's captures stay where the model ran (an H200's 20 prompts of 8K tokens hold
 7.5 GB of fp32 keys and values: copying them to the host and checking them there took most
@@ -52,13 +51,3 @@ def as_tensor(x, device) -> torch.Tensor:
         return torch.from_dlpack(x).to(device)
     except (TypeError, BufferError):  # a CuPy without the stream-aware protocol: its CUDA
         return torch.as_tensor(x, device=device)  # array interface (same default stream)
-
-
-def selection_masks(sel: torch.Tensor, count: int, heads: int, pages: int) -> torch.Tensor:
-    """Selections sel [Hs, B, K] (first `count` valid, ascending) -> bool [B * Hq, P], rows
-    request-major, `heads` = B * Hq; a shared mode's KV head mask repeats for its q heads
-    (metrics.selection_mask of select.flat_selection, for a whole batch)."""
-    flat = sel.transpose(0, 1).reshape(-1, sel.shape[2])[:, :count].long()
-    mask = torch.zeros((flat.shape[0], pages), dtype=torch.bool, device=sel.device)
-    mask.scatter_(1, flat, True)
-    return mask.repeat_interleave(heads // flat.shape[0], dim=0)

@@ -2,8 +2,9 @@
 
 The prompts of a batch run together: their q heads are stacked as B * Hq heads (KV heads as
 B * Hkv) for the metrics, and one index per layer and page size holds all B requests for the
-selection (select.page_index: the backend's kernels on a GPU, the vectorised reference on the
+selection (page_index.page_index: the backend's kernels on a GPU, the vectorised reference on the
 CPU). Budgets of one page size share the scores of a query; only top-K runs per budget.
+The reference of evaluate_device.py, which computes the same where a real model ran.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from questprof.core.selectors import QUEST
 from questprof.fidelity.capture import Capture
+from questprof.fidelity.host_index import stored
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         selection_mask, stale_mask)
-from questprof.fidelity.select import page_index, stored
+from questprof.fidelity.page_index import page_index
 from questprof.fidelity.threads import one_thread
 
 
@@ -28,7 +31,7 @@ class FidelityGrid:
     budgets: tuple[int, ...]
     modes: tuple[str, ...] = ("per-head",)
     dtype: str = "fp32"
-    selectors: tuple[str, ...] = ("quest",)
+    selectors: tuple[str, ...] = (QUEST,)
 
     def settings(self):
         """(page_size, budget, mode) of every combination whose budget is whole pages."""

@@ -4,7 +4,7 @@ transformers (>= 5) calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation](
 key, value, attention_mask, scaling=..., ...)` from each attention module after RoPE and the
 cache update: query [B, Hq, n, d], key and value [B, Hkv, L, d] hold the whole cache. We register
 one function under our name that hands decode calls (n == 1) to the active hook (the Recorder
-here, the task's SettingsHook in task.py) and lets everything else, and whatever the hook
+here, the task's SettingsHook in task_decode.py) and lets everything else, and whatever the hook
 declines, run the model's own sdpa path.
 """
 

@@ -1,4 +1,6 @@
-"""Fidelity of one decode query per head: what Quest's page set keeps of dense attention.
+"""Fidelity of one decode query per head: what Quest's page set keeps of dense attention. The
+reference of every metric; metrics_device.py is its device path (torch, a batch at once), held
+to it by tests/test_fidelity_device.py.
 
 Shapes (Hq q heads, Hkv kv heads, L valid tokens, S page size, P = ceil(L / S) pages, d head dim).
 Everything is float64 NumPy on the CPU (no torch: `questprof fidelity --source synthetic` runs

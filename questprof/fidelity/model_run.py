@@ -16,11 +16,12 @@ from functools import cached_property
 import torch
 
 from questprof.core.config import ConfigError
+from questprof.core.selectors import QUEST
 from questprof.fidelity.capture import Capture, layer_names, raise_nonfinite
 from questprof.fidelity.hooks import Recorder, active, decode, install, prefill, with_room
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
-from questprof.fidelity.select import page_index
+from questprof.fidelity.page_index import page_index
 
 
 @dataclass
@@ -179,9 +180,9 @@ def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, b
                  budgets: list[int], page_size: int, mode: str,
                  dense_layers: int) -> dict[int, list[tuple[list[int], bool | None]]]:
     """{budget: (tokens, correct) per prompt}: greedy answers with Quest attention in layers >=
-    dense_layers, every budget of `page_size` in one decode (task.decode_settings, which runs
-    the other selectors too). base: base_indexes at this page size."""
-    from questprof.fidelity.task import decode_settings
-    got = decode_settings(loaded, batch, captured, base, [("quest", b) for b in budgets],
+    dense_layers, every budget of `page_size` in one decode (task_decode.decode_settings, which
+    runs the other selectors too). base: base_indexes at this page size."""
+    from questprof.fidelity.task_decode import decode_settings
+    got = decode_settings(loaded, batch, captured, base, [(QUEST, b) for b in budgets],
                           page_size, mode, dense_layers)
-    return {b: [(a.tokens, a.correct) for a in got["quest", b]] for b in budgets}
+    return {b: [(a.tokens, a.correct) for a in got[QUEST, b]] for b in budgets}

@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from questprof.core.layout import pages_for
+from questprof.fidelity.evaluate_selectors import selector_fields
 from questprof.fidelity.metrics import METRICS
-from questprof.fidelity.selectors import selector_fields
 from questprof.fidelity.stats import recall_interval
 
 STAGE = "fidelity"
@@ -87,9 +87,9 @@ def setting_row(base: dict, metrics: np.ndarray, dense_layers: int) -> dict:
     return {**row, **got.columns(DIGITS)}
 
 
-def fidelity_rows(meta: dict, length: int, metrics: dict, dense_layers: int) -> list[dict]:
-    """All rows of one length from {setting: metrics [samples, layers, steps, M, Hq]}
-    (evaluate.evaluate_batch, prompts along the first axis)."""
+def metric_rows(meta: dict, length: int, metrics: dict, dense_layers: int) -> list[dict]:
+    """The head, step and setting rows of one length from {setting: metrics [samples, layers,
+    steps, M, Hq]} (evaluate.evaluate_batch, prompts along the first axis)."""
     rows = []
     with warnings.catch_warnings():  # mass_bound is NaN but for branch and bound: no warning
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -113,7 +113,7 @@ def task_row(meta: dict, length: int, page_size: int, budget: int, mode: str,
 
 
 def divergence_fields(answers: list) -> dict:
-    """Where a setting's answers leave dense's (task_select.Answer per prompt):
+    """Where a setting's answers leave dense's (task_answers.Answer per prompt):
     `dense_agreement` (share of prompts whose tokens all equal dense's), `first_divergence`
     (per prompt, '|'-joined, '-' where none within the steps), `first_divergence_median` (over
     the prompts that diverge; None when none does) and `forced_match` (teacher-forced: share of

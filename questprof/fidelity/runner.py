@@ -8,11 +8,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from questprof.core.config import ConfigError
+from questprof.core.selectors import QUEST
 from questprof.fidelity import prompts, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
+from questprof.fidelity.evaluate_selectors import evaluate_selectors, has_quest, others
 from questprof.fidelity.pace import Pace, heartbeat, model_dims, shape_dims
-from questprof.fidelity.selectors import evaluate_selectors, has_quest, others
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
 PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
@@ -60,7 +61,7 @@ def _evaluate(caps, request: Request, backend, scenario: str, length: int, log) 
     log(f"{caps[0].source} {length} tokens: metrics of {len(caps)} capture(s) in "
         f"{time.perf_counter() - started:.1f} s")
     meta = _meta(caps[0], request, backend, scenario, caps[0].source)
-    return rows.fidelity_rows(meta, length, metrics, request.dense_layers)
+    return rows.metric_rows(meta, length, metrics, request.dense_layers)
 
 
 def with_selectors(metrics: dict, caps: list[Capture], grid: FidelityGrid) -> dict:
@@ -103,8 +104,9 @@ def _prompts(loaded, request: Request, length: int) -> list[prompts.Prompt]:
     if request.source == "natural":
         return prompts.natural(loaded.tokenizer, length, request.prompts)
     if request.source in ("multikey", "aggregate"):
-        from questprof.fidelity import tasks
-        make = tasks.multikeys if request.source == "multikey" else tasks.aggregates
+        from questprof.fidelity import prompts_spread
+        make = (prompts_spread.multikeys if request.source == "multikey"
+                else prompts_spread.aggregates)
         return make(loaded.tokenizer, length, request.seed)
     return prompts.passkeys(loaded.tokenizer, length, request.prompt_depths(), request.seed)
 
@@ -165,12 +167,12 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
     """(metrics, {setting: answers}, each prompt's info, the rows' meta) of one chunk.
 
     The captures stay on the model's device and the metrics are computed there
-    (device_eval.py); only other selectors' NumPy references take host copies. torch runs on
+    (evaluate_device.py); only other selectors' NumPy references take host copies. torch runs on
     one thread throughout: on the shared 2-core CPU (2026-12-01, load about 4) capturing 4
     prompts of 2K tokens took 25 s wall on one thread and 55 s on two (twice the CPU time:
     the second thread waits on the other jobs); the metrics and the task are small ops
     either way."""
-    from questprof.fidelity.device_eval import evaluate_captured
+    from questprof.fidelity.evaluate_device import evaluate_captured
     from questprof.fidelity.model_run import base_indexes, capture
     grid, answers, share = request.grid, {}, min(1.0, len(chunk) / request.prompts)
     with one_thread():
@@ -197,17 +199,17 @@ def _chunk(loaded, chunk, request: Request, backend, source: str, tally: _Tally)
 
 
 def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
-    """{setting key: [task_select.Answer per prompt]}: every selector and budget of a page size
+    """{setting key: [task_answers.Answer per prompt]}: every selector and budget of a page size
     in one decode (Quest in the first --mode, keyed (S, B, mode); the others per head, keyed
     (S, B, 'per-head', name) as their metrics)."""
-    from questprof.fidelity.task import decode_settings
+    from questprof.fidelity.task_decode import decode_settings
     grid, mode, answers = request.grid, request.grid.modes[0], {}
     for size in grid.page_sizes:
         settings = [(name, b) for name in grid.selectors for b in grid.budgets if b % size == 0]
         got = decode_settings(loaded, chunk, captured, bases[size], settings, size, mode,
                               request.dense_layers, request.forced)
         for (name, b), value in got.items():
-            key = (size, b, mode) if name == "quest" else (size, b, "per-head", name)
+            key = (size, b, mode) if name == QUEST else (size, b, "per-head", name)
             answers[key] = value
     return answers
 
@@ -254,7 +256,7 @@ def model_rows(request: Request, backend, log, phases: dict | None = None,
             for key, value in got.items():
                 answers.setdefault(key, []).extend(value)
         started = time.perf_counter()
-        made = rows.fidelity_rows(meta, length, _concat(parts), request.dense_layers)
+        made = rows.metric_rows(meta, length, _concat(parts), request.dense_layers)
         if answers and batch[0].answer:
             made += list(task_rows(loaded, batch, infos, answers, meta, length))
         tally.add("rows", started)
@@ -272,7 +274,7 @@ def task_rows(loaded, batch, infos: list[dict], answers: dict, meta: dict, lengt
         page_size, budget, mode = key[:3]
         row = rows.task_row(meta, length, page_size, budget, mode, dense,
                             [a.correct for a in got])
-        row["selector"] = key[3] if len(key) > 3 else "quest"
+        row["selector"] = key[3] if len(key) > 3 else QUEST
         row.update(rows.divergence_fields(got))
         row["passkey_keys"] = "|".join(p.answer for p in batch)
         row["passkey_quest_answers"] = "|".join(loaded.tokenizer.decode(a.tokens).strip()

@@ -1,8 +1,8 @@
-"""The other form of our Quest step that `bench` times beside the default three kernels
-(commands/bench.py): the whole step as one persistent kernel (`ours-persistent`,
-kernels/quest_step.cu), with what it gains over three kernels. Two forms measured slower
-everywhere left the code (notes/KERNELS.md): estimate and top-K as one kernel, and attention
-whose CTAs selected their own pages."""
+"""The other implementation of our Quest step that `bench` times beside the default three
+kernels (commands/bench.py): the whole step as one persistent kernel (`ours-persistent`,
+kernels/quest_step.cu), with what it gains over three kernels. Two implementations measured
+slower everywhere left the code (notes/KERNELS.md): estimate and top-K as one kernel, and
+attention whose CTAs selected their own pages."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from questprof.core import model
 from questprof.results import OURS
 
 PERSISTENT = "ours-persistent"
-FORMS = (OURS, PERSISTENT)  # our Quest step's rows
+STEP_IMPLS = (OURS, PERSISTENT)  # the impl of each of our Quest step's rows
 
 
 def persistent_reason(cfg) -> str | None:
@@ -22,10 +22,10 @@ def persistent_reason(cfg) -> str | None:
                               model.summary_dtype(m), cfg.mode, m.dtype)
 
 
-def form_rows(cfg, backend, work, time, row, skipped) -> list[dict]:
-    """Rows of our step's other form on `work`: time(launch) times launch(layer), row(impl,
-    timing) and skipped(impl, reason) build a row. The persistent form runs on the CuPy backend
-    only; a shape it is not built for is a skipped row with the reason."""
+def step_rows(cfg, backend, work, time, row, skipped) -> list[dict]:
+    """Rows of our step's other implementation on `work`: time(launch) times launch(layer),
+    row(impl, timing) and skipped(impl, reason) build a row. The persistent step runs on the
+    CuPy backend only; a shape it is not built for is a skipped row with the reason."""
     if backend.name != "cupy":
         return []
     if (reason := persistent_reason(cfg)) is not None:
@@ -39,7 +39,7 @@ def form_rows(cfg, backend, work, time, row, skipped) -> list[dict]:
     return rows
 
 
-def form_gains(ours: dict, rows: list[dict]) -> None:
+def step_gains(ours: dict, rows: list[dict]) -> None:
     """Beside our quest row `ours` (three kernels): `persistent_gain` = 3-kernel time /
     persistent time when a persistent row is there (> 1: the persistent step is faster)."""
     timed = [r["median_ms"] for r in rows if r["stage"] == "quest"

@@ -1,4 +1,4 @@
-"""Selection for fidelity: the vectorised host index against the NumPy backend's stages (the
+"""The page index of fidelity: the vectorised host index against the NumPy backend's stages (the
 float64 reference), batched over requests of equal length, growing by decode tokens."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from questprof.backends import get_backend
 from questprof.core import reference
 from questprof.fidelity.host_index import HostIndex, topk
-from questprof.fidelity.select import PageIndex, page_index
+from questprof.fidelity.page_index import PageIndex, page_index
 
 
 def _keys(rng, batch=3, kv_heads=2, length=77, d=16):

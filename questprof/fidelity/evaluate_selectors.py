@@ -1,4 +1,4 @@
-"""Fidelity of the selectors beyond plain Quest, on the same captures, queries and steps.
+"""Every metric of the selectors beyond plain Quest, on the same captures, queries and steps.
 
 Quest itself is measured by the backend under test (evaluate.py); every other selector of
 questprof.core.selectors runs its NumPy float64 reference here, one decode sequence per
@@ -18,22 +18,22 @@ from questprof.core.selection import View
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.metrics import (METRICS, dense_attention, head_metrics, page_stats,
                                         stale_mask)
-from questprof.fidelity.select import stored
+from questprof.fidelity.host_index import stored
 from questprof.fidelity.threads import one_thread
 
-QUEST = "quest"
 RHO_DTYPE = "fp16"
 PAGES_READ = METRICS.index("pages_read")
 
 
 def others(grid) -> tuple:
     """The grid's selectors other than Quest, parsed."""
-    return tuple(s for s in registry.parse_list(",".join(grid.selectors)) if s.name != QUEST)
+    chosen = registry.parse_list(",".join(grid.selectors))
+    return tuple(s for s in chosen if s.name != registry.QUEST)
 
 
 def has_quest(grid) -> bool:
     """Whether the grid measures plain Quest (the backend's kernels)."""
-    return QUEST in grid.selectors
+    return registry.QUEST in grid.selectors
 
 
 def setting_keys(grid) -> list[tuple]:
@@ -78,7 +78,7 @@ def evaluate_selectors(cap: Capture, grid) -> dict:
 
 def selector_fields(key: tuple, metrics: np.ndarray, pages: int, dense_layers: int) -> dict:
     """Row fields of a setting's selector from metrics [samples, layers, steps, M, Hq]."""
-    name = key[3] if len(key) > 3 else QUEST
+    name = key[3] if len(key) > 3 else registry.QUEST
     sparse = metrics[:, dense_layers:] if metrics.shape[1] > dense_layers else metrics
     read = sparse[:, :, :, PAGES_READ].ravel()
     read = read[np.isfinite(read)]

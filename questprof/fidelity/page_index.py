@@ -1,6 +1,7 @@
-"""Quest's page selection for one layer of a batch of requests of equal length.
+"""The page index Quest's selection runs on, for one layer of a batch of requests of equal
+length.
 
-`page_index(backend, keys, ...)` returns the index that selection runs on:
+`page_index(backend, keys, ...)` returns it:
 - on a GPU backend, `PageIndex`: the requests' keys as one paged cache on the backend (pages in
   order, room to grow to `capacity`), min/max summaries by the backend's `summary` stage over a
   prefill plan, decode tokens appended through the same stage, pages scored and chosen by the
@@ -23,9 +24,7 @@ import copy
 import numpy as np
 
 from questprof.core.layout import PagedKV, append_plan, pages_for, to_storage
-from questprof.fidelity.host_index import HostIndex, on_host, stored
-
-__all__ = ["HostIndex", "PageIndex", "page_index", "stored"]
+from questprof.fidelity.host_index import HostIndex, on_host
 
 
 def page_index(backend, keys, page_size: int, dtype: str, capacity: int):

@@ -1,4 +1,5 @@
-"""Tasks one page cannot solve: several keys among distractors, and a count over many pages.
+"""Prompts whose evidence is spread over the filler, which one page cannot answer: several keys
+among distractors (source `multikey`), and a count over items on many pages (`aggregate`).
 
 Built like the passkey prompts (prompts.py: the same instruction and filler). `multikey`: k
 named pass keys spread through the filler, asked for one of them (the others are distractors)

@@ -7,8 +7,9 @@ decodes are its own. Attention of a row is a softmax over its prompt's prefix an
 tokens, computed so that all settings' queries of a prompt read the prefix's keys and values
 once (the task reads the cache once per page size, not once per budget). Layers below
 `dense_layers` attend to every token; the others to the pages their setting keeps: Quest's
-top-K chosen by select.page_index over all its rows at once, every other selector's by its
-reference per row (task_select.RowSelectors).
+top-K chosen by page_index.page_index over all its rows at once, every other selector's by its
+reference per row (task_selectors.RowSelectors). What a decode runs, feeds and answers:
+task_answers.py.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from questprof.fidelity.device import as_tensor, selection_masks
+from questprof.core.selectors import QUEST
+from questprof.fidelity.device import as_tensor
 from questprof.fidelity.metrics import selection_mask
-from questprof.fidelity.task_select import QUEST, RowSelectors
+from questprof.fidelity.metrics_device import selection_masks
+from questprof.fidelity.task_selectors import RowSelectors
 
 
 def shared_cache(cache, prompts: int, copies: int, prefix: int, room: int):
@@ -114,7 +117,7 @@ class SettingsHook:
     dense_layers;
     settings: (selector, pages kept) per setting in row order, selector a core.selectors
     name ('quest' included). Quest rows select through the index (the backend's
-    stages, all rows at once); the others run their NumPy reference per row (task_select),
+    stages, all rows at once); the others run their NumPy reference per row (task_selectors),
     their state (h2o, tova evictions) kept per (row, layer) across the decode steps."""
 
     def __init__(self, cache, indexes: dict, settings: list, mode: str,
@@ -190,13 +193,13 @@ class SettingsHook:
 @torch.inference_mode()
 def decode_settings(loaded, batch, captured, base: dict, settings: list, page_size: int,
                     mode: str, dense_layers: int, forced: bool = False) -> dict:
-    """{(selector, budget): [task_select.Answer per prompt]}: greedy answers with each setting's
+    """{(selector, budget): [task_answers.Answer per prompt]}: greedy answers with each setting's
     selection in layers >= dense_layers, every setting of `page_size` in one decode (Quest's
     rows in `mode`, the others per head); `forced` adds a teacher-forced copy of every row.
     base: model_run.base_indexes at this page size; captured: model_run.capture's."""
     from questprof.fidelity.hooks import active, decode
     from questprof.fidelity.prompts import answered
-    from questprof.fidelity.task_select import answers, decoded, forced_inputs, stand_in
+    from questprof.fidelity.task_answers import answers, decoded, forced_inputs, stand_in
     steps, prompts = captured.steps, len(batch)
     every, settings = settings, decoded(settings)
     rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)
