@@ -85,6 +85,11 @@ def test_overlap_gain_is_the_sum_of_stages_over_the_pipeline():
     ("[[case]\nmodel = 1", "bench.toml"),                      # not TOML
     ('[models.m]\nlayers = 4\nq_heads = 1\nkv_heads = 1\nhead_dim = 64\ndtype = "fp16"\n'
      '[[case]]\nmodel = "m"\nlength = 1\n', "missing field 'batch'"),
+    ('[[goal]]\nmetric = "dense_over"\ncase = { model = "m" }\ntarget = "<= 0.55"\n',
+     "missing field 'over'"),
+    ('[[goal]]\nmetric = "dense_over"\nover = "x"\ncase = { model = "m" }\ntarget = "<= 1"\n',
+     "unknown model 'x'"),
+    ('[[goal]]\nmetric = "us"\ncase = { model = "m" }\n', "missing field 'target'"),
 ])
 def test_a_broken_bench_file_is_a_config_error(tmp_path, text, word):
     path = tmp_path / "bench.toml"

@@ -39,8 +39,17 @@ def load_bench(path=BENCH_FILE, quick: bool = False) -> tuple[list[Config], list
         data = tomllib.loads(open(path, encoding="utf-8").read())
         models = {name: ModelShape(name=name, **m) for name, m in data.get("models", {}).items()}
         cases = [case for case in data.get("case", []) if case.get("quick") or not quick]
+        goals = list(data.get("goal", []))
+        for goal in goals:  # checked now: a goal is judged only after the whole run
+            needed = ("metric", "case", "target") + (("over",) if goal.get("metric") ==
+                                                     "dense_over" else ())
+            if missing := [f for f in needed if f not in goal]:
+                raise KeyError(missing[0])
+            if goal["metric"] == "dense_over" and goal["over"] not in models:
+                raise ConfigError(f"{path}: goal dense_over names unknown model "
+                                  f"{goal['over']!r}")
         return [_case(models, case, mode, path) for case in cases
-                for mode in case.get("modes", ["per-head"])], list(data.get("goal", []))
+                for mode in case.get("modes", ["per-head"])], goals
     except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
         what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         raise ConfigError(f"{path}: {what}") from None
