@@ -43,6 +43,18 @@ def _gap(scores, indptr, k_pages) -> float:
     return min(gaps)
 
 
+def _check_scores_and_selection(want, got, kv, fast, k_pages: int = 6):
+    """Scores within fp32 of the reference's and, with no near-tie (the boundary gap is 4x the
+    largest score error), the reference's pages exactly: (sel, count) of the fast path."""
+    assert got.dtype == np.float32 and rel_err(got, want) < TOL["fp32"]
+    assert _gap(want, kv.kv_indptr, k_pages) > 4 * np.abs(got - want).max()
+    sel, count = FAST.topk(got, fast, k_pages)
+    want_sel, want_count = reference.topk(want, kv.kv_indptr, k_pages)
+    np.testing.assert_array_equal(sel, want_sel)
+    np.testing.assert_array_equal(count, want_count)
+    return sel, count
+
+
 CASES = [  # (dtype, page size, q heads, kv heads, d): tails 1, S-1, S, S+1 in every case
     ("fp32", 16, 4, 4, 64), ("fp16", 8, 8, 2, 128), ("bf16", 16, 8, 4, 64),
     ("fp16", 1, 4, 1, 32), ("fp32", 32, 16, 2, 128),
@@ -57,16 +69,9 @@ def test_stages_agree_with_reference(rng, dtype, s, q_heads, kv_heads, d, mode):
     np.testing.assert_array_equal(fast.summary, kv.summary)  # min and max are exact
     f = lambda x: from_storage(x, dtype)  # noqa: E731
     want = reference.estimate(f(q), f(kv.summary), kv.kv_indptr, kv.kv_indices, mode)
-    got = FAST.estimate(q, fast, mode)
-    assert got.dtype == np.float32 and rel_err(got, want) < TOL["fp32"]
     k_pages = 6
-    # no near-tie (the boundary gap is 4x the largest score error): the same pages, exactly
-    assert _gap(want, kv.kv_indptr, k_pages) > 4 * np.abs(got - want).max()
-    sel, count = FAST.topk(got, fast, k_pages)
-    want_sel, want_count = reference.topk(want, kv.kv_indptr, k_pages)
-    np.testing.assert_array_equal(sel, want_sel)
-    np.testing.assert_array_equal(count, want_count)
-    for args in ((), (want_sel, want_count)):
+    sel, count = _check_scores_and_selection(want, FAST.estimate(q, fast, mode), kv, fast, k_pages)
+    for args in ((), (sel, count)):
         out, lse = FAST.attention(q, fast, *args)
         ref_out, ref_lse = _ref_attention(kv, q, *args)
         assert out.dtype == kv.k.dtype and lse.dtype == np.float32
@@ -92,16 +97,9 @@ def test_fp8_stages_agree_with_reference(rng, dtype, summary, scale, s, q_heads,
     np.testing.assert_array_equal(fast.summary, kv.summary)
     qf = from_storage(q, dtype)
     want = reference.estimate(qf, summary_values(kv), kv.kv_indptr, kv.kv_indices)
-    got = FAST.estimate(q, fast)
-    assert got.dtype == np.float32 and rel_err(got, want) < TOL["fp32"]
-    k_pages = 6
-    assert _gap(want, kv.kv_indptr, k_pages) > 4 * np.abs(got - want).max()
-    sel, count = FAST.topk(got, fast, k_pages)
-    want_sel, want_count = reference.topk(want, kv.kv_indptr, k_pages)
-    np.testing.assert_array_equal(sel, want_sel)
-    np.testing.assert_array_equal(count, want_count)
+    sel, count = _check_scores_and_selection(want, FAST.estimate(q, fast), kv, fast)
     k, v = kv_values(kv, "k")[...], kv_values(kv, "v")[...]
-    for args in ((), (want_sel, want_count)):
+    for args in ((), (sel, count)):
         out, lse = FAST.attention(q, fast, *args)
         ref_out, ref_lse = reference.attention(qf, k, v, kv.kv_indptr, kv.kv_indices,
                                                kv.last_page_len, *args)
