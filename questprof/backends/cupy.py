@@ -196,8 +196,9 @@ _COUNTS: dict[tuple[int, str], cupy.ndarray] = {}
 
 
 def _counts(name: str, size: int) -> cupy.ndarray:
-    """Per-device int32 counters `name` (attention's splits done per row): zeroed once and left at zero by every launch, so launches on one stream
-    share them (concurrent streams would not)."""
+    """Per-device int32 counters `name` (attention's splits done per row): zeroed once and left
+    at zero by every launch, so launches on one stream share them (concurrent streams would
+    not)."""
     key = (cupy.cuda.Device().id, name)
     if key not in _COUNTS or _COUNTS[key].size < size:
         _COUNTS[key] = cupy.zeros(max(size, 1 << 16), dtype=cupy.int32)

@@ -6,7 +6,8 @@ past g masked (g 3 on 4, 5-7 on 8, 9-15 on 16); a group over the largest tile (m
 Falcon-7B's 71) is cut into ceil(g / 16) near-equal chunks, one attention CTA row each.
 Attention's shared memory and tile length follow kernels/attention_tile.cuh (Ring,
 attention_ring_bytes); tests/test_kernels_compile.py compares them with what nvcc computes.
-`Tuning`: launch choices read from QP_TUNE at each launch (splits, ring depth, the merge), so one process times variants side by side (tools/shapes_tuning.py).
+`Tuning`: launch choices read from QP_TUNE at each launch (splits, ring depth, the merge, top-K's
+CTA size), so one process times variants side by side (tools/shapes_tuning.py).
 """
 
 from __future__ import annotations
