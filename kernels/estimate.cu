@@ -25,9 +25,9 @@
 //
 // Work: unit = (tile of 16 rows, KV head), head-major; each warp takes a run of consecutive
 // units, so q's scales (and, over E4M3 summaries, its fragments: QHeads) are found once per
-// (request, KV head), and the page ids of the next unit load while this one is scored. A tile's rows may span requests (a row is a CSR entry, or one of
-// its BOXES boxes): the product runs once per request in the tile, with that request's q, and
-// stores only that request's rows. A group over 16 q heads (multi-query) is scored in chunks of at
+// (request, KV head), and the page ids of the next unit load while this one is scored. A tile's
+// rows may span requests (a row is a CSR entry, or one of its BOXES boxes): the product runs once
+// per request in the tile, with that request's q, and stores only that request's rows. A group over 16 q heads (multi-query) is scored in chunks of at
 // most 16 from the same A registers. Head dims over 128 load their K in two phases (registers).
 #include "common.cuh"
 
