@@ -44,17 +44,6 @@ constexpr int EST_WARPS = 4;
 constexpr int EST_NTILES[] = {1, 2};
 constexpr int EST_NTILE_BLOCKS[] = {4, 3};
 
-// estimate.cuh (the CUDA-core loop of quest_step.cu's estimate shares). 256 threads; 2 units per
-// batch: with the double buffer 2-4 units (64-128 B) are in flight per thread, 64-128 KB per SM,
-// while Little's law at 4.5 TB/s and ~0.7 us asks ~24 KB per SM; 4 units per batch would need
-// more than 64 registers.
-constexpr int EST_THREADS = 256;
-constexpr int EST_UNROLL = 2;
-// Resident blocks per SM, the register cap the launcher sizes its one wave by. nvcc 13.0 sm_90:
-// G 1-2 fit 64 registers (4 blocks); G 4 needs 77-79 (3) and G 8 108 (2); one block more spills
-// (G 8: 16-52 B at 3).
-constexpr int EST_BLOCKS_PER_SM[] = {4, 4, 3, 2, 2};
-
 // topk.cu: one CTA per (request, head) of one of these sizes, picked at launch by the rows and
 // their length (backends/variants.py, topk_threads) or by QP_TUNE tk_threads.
 constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
@@ -77,25 +66,6 @@ constexpr int ATT_STAGES[] = {3, 3, 3, 2, 2};
 constexpr int ATT_DEEP_STAGES[] = {4, 6};
 constexpr int ATT_DEEP_HEAD_DIMS[] = {128};
 constexpr int ATT_DEEP_GROUPS[] = {4, 8, 16};
-
-// quest_step.cu (the Quest step as one persistent kernel): PS_THREADS per CTA (the estimate and
-// top-K on all of them, attention on the first ATT_WARPS warps), PS_CTAS_PER_SM resident per SM
-// (2 x 65 KiB of shared memory: the attention rings of PS_STAGES stages, top-K's keys in the same
-// bytes; 256 x 2 against 128 x 3 on an H200, 2026-12-01: estimate 13.8 against 16.1 us at 32K);
-// a split of attention holds at most PS_MAX_SPLIT_PAGES pages. Built for PS_HEAD_DIMS x PS_GROUPS (the estimate's
-// tile; attention runs per q head on tile 1), 16-bit caches, per-head selection.
-constexpr int PS_THREADS = 256;
-constexpr int PS_CTAS_PER_SM = 2;
-constexpr int PS_STAGES = 2;
-constexpr int PS_MAX_SPLIT_PAGES = 128;
-// A score not yet written (0x7fbadbad, a signalling NaN: the estimate's arithmetic never produces
-// one, an invalid operation yields the canonical quiet NaN): the persistent step's scores hold it
-// between launches, and its select tickets poll each score until it is something else.
-constexpr int PS_UNSCORED = 2142952365;
-// int32 per 128-byte line: the state's ticket and each row's ready flag take a line of their own.
-constexpr int PS_LINE = 32;
-constexpr int PS_HEAD_DIMS[] = {64, 128};
-constexpr int PS_GROUPS[] = {1, 2, 4, 8};
 
 // Position of G in QP_GROUPS, -1 when G is not built (used in constant expressions only).
 __host__ __device__ constexpr int group_index(int g) {

@@ -371,7 +371,7 @@ QP_DEVICE void score_unit(const uint16_t* __restrict__ q, const word_t<TS>* __re
 // quest-fp8's over a 16-bit one, or fp16 over an FP8 cache); D: head dim; NT: n-tiles of 8 q heads
 // (1: chunks of up to 8, 2: up to 16); BOXES: boxes per page (quest-boxes:c; summaries [N, Hkv,
 // BOXES, 2, D], each score the largest over the page's boxes that hold keys). The grid is at most
-// one resident wave (EST_BLOCKS_PER_SM per SM, constants.cuh); warp w scores units [U w / W,
+// one resident wave (EST_NTILE_BLOCKS per SM, constants.cuh); warp w scores units [U w / W,
 // U (w + 1) / W) of the U = Hkv x tiles units.
 template <typename T, typename TS, int D, int NT, int BOXES>
 __global__ void __launch_bounds__(EST_WARPS * 32, EST_NTILE_BLOCKS[NT - 1])

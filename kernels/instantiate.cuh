@@ -18,7 +18,7 @@ namespace qp_instantiate {
 enum { FP16 = 0, BF16 = 1, E4M3 = 2 };
 constexpr int DTYPES[] = {FP16, BF16};             // queries and outputs (storage tags, by number)
 constexpr int KV_DTYPES[] = {FP16, BF16, E4M3};    // K / V caches and their summaries
-constexpr int MODES[] = {0, 1, 2};                 // estimate.cuh: per-head, shared-max, -mean
+constexpr int MODES[] = {0, 1, 2};                 // estimate.cu: per-head, shared-max, -mean
 
 template <int CODE> struct TagOf;
 template <> struct TagOf<FP16> { using type = fp16; };

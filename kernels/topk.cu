@@ -14,7 +14,7 @@
 // Bins over the row's own range spread the keys, so plain shared atomics do: fixed 8-bit digits
 // from the top of the key needed 4 passes and warp-aggregated atomics (scores share their top
 // bits), 16.9 us against 9.0-9.6 us now for 8192 pages x 32 heads on an H200 (notes/KERNELS.md).
-// The device code is in topk.cuh, shared with quest_step.cu. Dynamic budgets (quest-gap,
+// The device code is in topk.cuh. Dynamic budgets (quest-gap,
 // quest-topp) select K_max pages so, then keep a data-dependent count of them per row
 // (dynamic_select in topk.cuh).
 #include "topk.cuh"

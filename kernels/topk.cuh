@@ -1,5 +1,5 @@
 // Top-K page selection of one row, by one CTA of NT threads: the device code of topk.cu (a CTA of
-// TK_THREAD_OPTIONS threads per row) and of quest_step.cu (its select tickets).
+// TK_THREAD_OPTIONS threads per row).
 // The algorithm and its figures: the comment at the top of topk.cu.
 #pragma once
 #include "common.cuh"
@@ -152,14 +152,12 @@ QP_DEVICE void compact(const Row& row, uint32_t lo, uint32_t hi, uint32_t rem,
   }
 }
 
-// The K best of `pages` scores (a row written by an earlier grid, or by other CTAs of this one
-// behind a fence: read through L2) into out[0, k_pages), -1 padded. `keys`: shared memory for
-// `pages` keys, or nullptr to re-read the scores in every pass; loaded: the keys already hold
-// the row's (quest_step.cuh polls them in). Every thread of the CTA calls it.
+// The K best of `pages` scores (a row written by an earlier grid: read through L2) into
+// out[0, k_pages), -1 padded. `keys`: shared memory for `pages` keys, or nullptr to re-read the
+// scores in every pass. Every thread of the CTA calls it.
 template <int NT>
 QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_pages, int sinks,
-                          int window, int* __restrict__ out, TopkShared& sh,
-                          bool loaded = false) {
+                          int window, int* __restrict__ out, TopkShared& sh) {
   const int chosen = min(k_pages, pages);
   for (int p = chosen + threadIdx.x; p < k_pages; p += NT) out[p] = -1;
   if (pages <= k_pages) {  // every page is chosen
@@ -167,7 +165,7 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
     return;
   }
   Row row{scores, nullptr, pages, sinks, max(window, 1)};
-  if (keys && !loaded) {
+  if (keys) {
     __syncthreads();  // the row before may still read the keys
     for (int base = 0; base < pages; base += NT * 8) {  // 8 loads in flight per thread
       float f[8];

@@ -50,22 +50,20 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
 
     import cupy_stub
     from conftest import full_plan
-    from questprof.backends.launch_args import persistent_problem
     from questprof.core.layout import random_paged_kv, random_queries
     from questprof.core.selectors import KernelForm
 
     sigs = {}
-    for source in ("attention.cu", "estimate.cu", "summary.cu", "topk.cu", "quest_step.cu"):
+    for source in ("attention.cu", "estimate.cu", "summary.cu", "topk.cu"):
         sigs.update(_signatures(objects(source)))
     stub = cupy_stub.make()
     names = ("questprof.backends.cupy", "questprof.backends.pdl",
-             "questprof.backends.cupy_selectors", "questprof.backends.quest_step")
+             "questprof.backends.cupy_selectors")
     saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
     monkeypatch.setitem(sys.modules, "cupy", stub)
     try:
         ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
         forms = importlib.import_module(names[2])
-        step = importlib.import_module(names[3])
         for (qh, kvh, d, s, dtype, cache, summ), tune in itertools.product(DRY_RUN, TUNES):
             monkeypatch.setenv("QP_TUNE", tune)
             kv = random_paged_kv(rng, [1, s - 1, s + 1, 37 * s + 3], s, kvh, d, dtype,
@@ -76,8 +74,6 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
                 sel, count = ops.topk(ops.estimate(q, kv, mode), kv, 5)
                 sel[...], count[...] = 0, 1
                 ops.attention(q, kv, sel, count)
-                if not persistent_problem(qh, kvh, d, kv.kv_dtype, kv.summary_dtype, mode):
-                    step.quest_step(q, kv, 5, mode)
             ops.attention(q, kv)
             for form in (KernelForm(fp8=True), KernelForm(boxes=2), KernelForm(boxes=4),
                          KernelForm(rule="topp", param=0.5), KernelForm(rule="gap", param=1)):

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from questprof.backends import constants, variants
+from questprof.backends import variants
 from questprof.core.layout import PagedKV, storage_dtype
 from questprof.core.reference import reserved_positions
 
 _INT32 = np.dtype(np.int32)
-_PS = constants.load()  # the persistent step's constants (PS_*)
 
 
 def cache_tags(kv: PagedKV) -> tuple[str, str, str]:
@@ -137,71 +136,3 @@ def form_tags(kv: PagedKV, form) -> tuple[str, str, str]:
                          f"{kv.head_dim}, page size {kv.page_size} (built: {built}, boxes "
                          "dividing the page size)")
     return q_tag, kv_tag, variants.TAGS["fp8_e4m3"] if form.fp8 else summary_tag
-
-
-STOPS = {"estimate": 1, "select": 2, "all": 3}  # what a launch runs (PS_STOP_* of quest_step.cuh)
-
-
-@dataclass(frozen=True)
-class StepTuning:
-    """A build of the persistent step and its launch: quest_step.cuh's QS_* options (threads per
-    CTA, CTAs per SM its registers are sized for; defaults kernels/constants.cuh's PS_*) and
-    two launch arguments: `queue_ctas`, CTAs that start on the queue of select and attention
-    tickets while the others score the estimate (at most the grid less one), and `att_waves`,
-    attention tickets per CTA of the grid that the splits aim at (persistent_splits)."""
-
-    threads: int = _PS["PS_THREADS"]
-    ctas_per_sm: int = _PS["PS_CTAS_PER_SM"]
-    queue_ctas: int = 16
-    att_waves: float = 3.0
-
-    def defines(self) -> tuple[str, ...]:
-        """-D options of this build (none for the default one)."""
-        pairs = (("QS_THREADS", self.threads, _PS["PS_THREADS"]),
-                 ("QS_CTAS", self.ctas_per_sm, _PS["PS_CTAS_PER_SM"]))
-        return tuple(f"{name}={value}" for name, value, default in pairs if value != default)
-
-
-DEFAULT_TUNING = StepTuning()
-# The builds and launches tools/quest_step_probe.py times against the default (and the GPU tests
-# check): threads per CTA, CTAs per SM, CTAs on the queue from the start.
-TUNINGS = {"default": DEFAULT_TUNING, "queue-0": StepTuning(queue_ctas=0),
-           "queue-32": StepTuning(queue_ctas=32), "splits-x1": StepTuning(att_waves=1.0),
-           "splits-x6": StepTuning(att_waves=6.0),
-           "threads-128x3": StepTuning(threads=128, ctas_per_sm=3, att_waves=2.0)}
-
-
-def persistent_problem(q_heads: int, kv_heads: int, head_dim: int, kv_dtype: str,
-                       summary_dtype: str, mode: str, dtype: str = "") -> str | None:
-    """Why the persistent Quest step (kernels/quest_step.cu) is not built for a shape, or None:
-    16-bit caches with their own summaries, head dims PS_HEAD_DIMS, groups up to the largest of
-    PS_GROUPS, per-head selection (any mode at one q head per KV head)."""
-    dims, groups = _PS["PS_HEAD_DIMS"], _PS["PS_GROUPS"]
-    g = q_heads // kv_heads if kv_heads and q_heads % kv_heads == 0 else 0
-    built = "the persistent step is built for"
-    if kv_dtype not in ("fp16", "bf16") or summary_dtype != kv_dtype or dtype not in ("", kv_dtype):
-        return f"{built} fp16 / bf16 caches, not {kv_dtype}"
-    if head_dim not in dims:
-        return f"{built} head dims {', '.join(map(str, dims))}, not {head_dim}"
-    if not 1 <= g <= groups[-1]:
-        return f"{built} up to {groups[-1]} q heads per KV head, not {g or q_heads}"
-    if mode != "per-head" and g > 1:
-        return f"{built} per-head selection ({mode} at {g} q heads per KV head is not built)"
-    return None
-
-
-def persistent_ring_bytes(d: int) -> int:
-    """Dynamic shared memory of a persistent-step CTA: ATT_WARPS rings of PS_STAGES stages of the
-    CUDA-core attention tile (K and V rows of its tokens); top-K's keys use the same bytes."""
-    return variants.ATT_WARPS * _PS["PS_STAGES"] * 2 * variants.tile_tokens(d, 1) * d * 2
-
-
-def persistent_splits(rows: int, row_pages: int, page_size: int, d: int,
-                      tickets: int) -> tuple[int, int]:
-    """(splits, pages per split) of the persistent step's attention: about `tickets` attention
-    tickets (StepTuning.att_waves per CTA of the grid), each warp at least two tiles, at most
-    PS_MAX_SPLIT_PAGES pages."""
-    min_pages = max(1, -(-2 * variants.ATT_WARPS * variants.tile_tokens(d, 1) // page_size))
-    want = max(1, tickets // rows)
-    per_split = min(_PS["PS_MAX_SPLIT_PAGES"], max(min_pages, -(-row_pages // want)))
-    return -(-row_pages // per_split), per_split

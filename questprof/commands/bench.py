@@ -20,7 +20,6 @@ from questprof.core import model
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
 from questprof.commands.bench_args import BenchArgs
-from questprof.commands.bench_steps import STEP_IMPLS, step_gains, step_rows
 from questprof.results import OURS, make_row
 from questprof.workload.flashinfer import IMPL as FLASHINFER
 from questprof.workload.pools import check_cache, is_out_of_memory, release
@@ -90,10 +89,6 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
-    rows += step_rows(cfg, backend, work, time, lambda impl, timing: _row(
-        cfg, "quest", impl, timing, work.work("quest"), ceiling, layers, backend),
-        lambda impl, why: make_row(cfg, "quest", scenario="bench", backend=backend.name,
-                                   impl=impl, layers=layers, status="skipped", reason=why))
     if selectors and not cfg.is_dense_budget:
         from questprof.commands.bench_selectors import selector_rows
         rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
@@ -106,7 +101,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     release(backend)
     if read_ms is not None:
         for r in rows:
-            if r["impl"] in STEP_IMPLS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
+            if r["impl"] == OURS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
                 ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))
                 if ms is not None:
                     r["same_read_ms"], r["same_ratio"] = ms, ms / r["median_ms"]
@@ -141,10 +136,8 @@ def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
 def add_speedups(rows: list[dict]) -> None:
     """Give every quest row of a case `speedup` against the fastest dense and `dense_impl`;
     our quest row also `stages_sum_ms` (its three stages timed apart), `overlap_gain` (that sum
-    over the pipeline's time: what running them as one step saves), beside rows of our
-    persistent step `persistent_gain` (3-kernel time / persistent time: > 1 where it is faster;
-    bench_steps.step_gains) and, beside FlashInfer's Quest step,
-    `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
+    over the pipeline's time: what running them as one step saves) and, beside FlashInfer's
+    Quest step, `vs_flashinfer` (its time / ours: > 1 where ours is faster)."""
     dense = [r for r in rows if r["stage"] == "dense" and r.get("median_ms")]
     parts = {r["stage"]: r["median_ms"] for r in rows if r.get("impl") == OURS
              and r["stage"] in model.QUEST_STAGES and r.get("median_ms")}
@@ -157,8 +150,6 @@ def add_speedups(rows: list[dict]) -> None:
         if r.get("impl") == OURS and len(parts) == len(model.QUEST_STAGES):
             r["stages_sum_ms"] = sum(parts.values())
             r["overlap_gain"] = r["stages_sum_ms"] / r["median_ms"]
-        if r.get("impl") == OURS:
-            step_gains(r, rows)
         peer = [u for u in rows if u["stage"] == "quest" and u.get("impl") == FLASHINFER
                 and u.get("median_ms")]
         if r.get("impl") == OURS and peer:
@@ -280,7 +271,7 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
         df["same_us"] = df["same_read_ms"] * 1e3
     cols = ["model", "length", "batch", "budget", "mode", "stage", "impl", "us", "MB",
             "bandwidth_gbs", "ratio", "same_us", "same_ratio", "speedup", "dense_impl",
-            "overlap_gain", "persistent_gain", "vs_flashinfer", "pipeline", "method"]
+            "overlap_gain", "vs_flashinfer", "pipeline", "method"]
     shown, fixed = console.fold(df[[c for c in cols if c in df]], ("model", "mode"))
     console.out.print(console.table(shown, f"bench ({fixed}): us per layer; ratio = read "
                                            "bandwidth / read ceiling of this run"))
