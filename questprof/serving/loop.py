@@ -79,12 +79,14 @@ def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list
     """Each request's result as it finishes; RuntimeError naming the first that failed."""
     got: dict[int, Served] = {}
     while len(got) < len(requests):
-        result = manager.get_result(timeout=RESULT_WAIT_S if not feeder.is_alive() else 0.1)
+        feeding = feeder.is_alive()  # asked before the wait: a request may arrive during it
+        result = manager.get_result(timeout=0.1 if feeding else RESULT_WAIT_S)
         if result is None:
-            if feeder.is_alive():
+            if feeding:
                 continue
+            why = manager.background_thread_status.fatal_error
             raise RuntimeError(f"transformers' loop returned {len(got)} of {len(requests)} "
-                               "requests and then nothing")
+                               f"requests and then stopped: {why!r}") from why
         if result.error:
             raise RuntimeError(f"request {result.request_id}: {result.error}")
         i = int(result.request_id)
