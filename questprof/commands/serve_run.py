@@ -52,7 +52,6 @@ def run_rows(base: dict, served, log) -> list[dict]:
                      "status": "ok"})
     summary = summarize(served)
     rows.append({**base, "stage": SERVE, "requests": len(served), **summary.fields(),
-                 "median_ms": summary.token["p50_ms"], "p95_ms": summary.token["p95_ms"],
                  **_shape_fields(log), "status": "ok"})
     return rows
 

@@ -39,8 +39,9 @@ class Summary:
     tokens_per_s: float
 
     def fields(self) -> dict:
-        """The figures as row fields: p50_ms.. for per-token latency, ttft_p50_ms.. for TTFT."""
-        return {**self.token, **{f"ttft_{k}": v for k, v in self.ttft.items()},
+        """The figures as row fields: token_p50_ms.. per token, ttft_p50_ms.. for TTFT."""
+        return {**{f"token_{k}": v for k, v in self.token.items()},
+                **{f"ttft_{k}": v for k, v in self.ttft.items()},
                 "tokens": self.tokens, "tokens_per_s": self.tokens_per_s}
 
 
