@@ -95,11 +95,12 @@ def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list
     return [got[i] for i in range(len(requests))]
 
 
-def serve(model, requests: list[Request], policy: Policy,
-          settings: LoopSettings) -> tuple[list[Served], StepLog]:
-    """Every request of the mix through transformers' loop with `policy`'s attention."""
+def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings,
+          engine=None) -> tuple[list[Served], StepLog]:
+    """Every request of the mix through transformers' loop with `policy`'s attention (decode by
+    `engine`: paged_attention.HostDecode by default, or stages_decode.StagesDecode)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
-    attention = QuestPaged(policy)
+    attention = QuestPaged(policy, engine=engine)
     with bound(model, attention), model.continuous_batching_context_manager(
             generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,
             warmup=False) as manager:

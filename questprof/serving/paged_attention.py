@@ -149,11 +149,45 @@ def _one(index):
     return index[0] if isinstance(index, (list, tuple)) else index
 
 
-class QuestPaged:
-    """The attention function (see the module): policy's decode, `base` for prefill chunks."""
+@dataclass
+class Decode:
+    """One request's decode step in one layer: q [Hq, d], its keys and values [Hkv, L, d]
+    (torch, in token order) and its pages' summaries [P, Hkv, 2, d] (None: dense)."""
 
-    def __init__(self, policy: Policy, base=None) -> None:
+    q: object
+    k: object
+    v: object
+    box: np.ndarray | None
+
+
+class HostDecode:
+    """Decode steps answered where the model runs: the bound and top-K on the host (NumPy, the
+    fidelity task's), exact attention in torch over the chosen pages' tokens of the keys
+    transformers gathered."""
+
+    def decode(self, items: list[Decode], k_pages: int, page_size: int,
+               scaling: float) -> list[tuple[object, float]]:
+        """(out [Hq, d], pages read) per item."""
+        return [self._one(item, k_pages, page_size, scaling) for item in items]
+
+    @staticmethod
+    def _one(item: Decode, k_pages: int, page_size: int, scaling: float):
+        length = item.k.shape[1]
+        pages = -(-length // page_size)
+        if item.box is None:
+            return attend(item.q, item.k, item.v, None, scaling), float(pages)
+        sel = select_pages(item.q.float().cpu().numpy().astype(np.float64), item.box, k_pages)
+        keep = _as_tensor(kept_tokens(sel, pages, page_size, length), item.q.device)
+        return attend(item.q, item.k, item.v, keep, scaling), union_pages(sel, item.k.shape[0])
+
+
+class QuestPaged:
+    """The attention function (see the module): policy's decode by `engine` (HostDecode, or
+    serving/stages_decode.StagesDecode: a backend's stages), `base` for prefill chunks."""
+
+    def __init__(self, policy: Policy, base=None, engine=None) -> None:
         self.policy, self.base = policy, base
+        self.engine = engine or HostDecode()
         self.summaries: dict[int, PageSummaries] = {}
         self.log = StepLog()
 
@@ -168,19 +202,36 @@ class QuestPaged:
             self._write(layer, key, _one(kwargs["write_index"]), spans)
         out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
         slots = read.cpu().numpy() if read.numel() else None
-        shape = [0, 0, 0.0]
+        rows, items = [], []
         for q0, q1, k0, k1 in spans:
             if q1 - q0 == 1 and k1 - k0 > 1 and slots is not None:
-                out[0, q0], pages, got = self._decode(module, query[0, :, q0], key[0, :, k0:k1],
-                                                      value[0, :, k0:k1], slots[k0:k1])
-                shape = [shape[0] + 1, shape[1] + pages, shape[2] + got]
+                rows.append(q0)
+                items.append(self._item(layer, query[0, :, q0], key[0, :, k0:k1],
+                                        value[0, :, k0:k1], slots[k0:k1]))
             else:
                 mask = None if attention_mask is None else attention_mask[..., q0:q1, k0:k1]
                 out[0, q0:q1] = self.base(module, query[..., q0:q1, :], key[..., k0:k1, :],
                                           value[..., k0:k1, :], mask, **kwargs)[0][0]
-        if shape[0] and layer == module.config.num_hidden_layers - 1:
-            self.log.add(*shape)
+        if items:
+            self._decode(module, out, rows, items)
         return out, None
+
+    def _item(self, layer: int, q, k, v, slots: np.ndarray) -> Decode:
+        """A decode step, with its pages' summaries when the policy selects for it."""
+        sparse = self.policy.sparse(layer, k.shape[1])
+        return Decode(q, k, v, self.summaries[layer].of(slots) if sparse else None)
+
+    def _decode(self, module, out, rows: list[int], items: list[Decode]) -> None:
+        """The engine's answers into out's rows; the step's shape logged at the last layer."""
+        got = self.engine.decode(items, self.policy.k_pages, self.policy.page_size,
+                                 float(module.scaling))
+        for row, (answer, _) in zip(rows, got):
+            out[0, row] = answer
+        self.log.selections += sum(item.box is not None for item in items)
+        if module.layer_idx == module.config.num_hidden_layers - 1:
+            size = self.policy.page_size
+            self.log.add(len(items), sum(-(-item.k.shape[1] // size) for item in items),
+                         sum(read for _, read in got))
 
     def _write(self, layer: int, key, write, spans) -> None:
         """Fold the tokens this call writes into their pages' summaries (they are the last
@@ -189,21 +240,6 @@ class QuestPaged:
         keys = key[0, :, at].transpose(0, 1).float().cpu().numpy()
         table = self.summaries.setdefault(layer, PageSummaries(self.policy.page_size))
         table.write(write[: len(at)].cpu().numpy(), keys)
-
-    def _decode(self, module, q, k, v, slots: np.ndarray):
-        """(out [Hq, d], pages, pages read) of one request's decode step in this layer."""
-        length, size = k.shape[1], self.policy.page_size
-        pages = -(-length // size)
-        keep, read = None, float(pages)
-        if self.policy.sparse(module.layer_idx, length):
-            box = self.summaries[module.layer_idx].of(slots)
-            sel = select_pages(q.float().cpu().numpy().astype(np.float64), box,
-                               self.policy.k_pages)
-            keep = kept_tokens(sel, pages, size, length)
-            read = union_pages(sel, k.shape[0])
-            self.log.selections += 1
-            keep = _as_tensor(keep, q.device)
-        return attend(q, k, v, keep, float(module.scaling)), pages, read
 
 
 def _as_tensor(x: np.ndarray, device):
