@@ -22,6 +22,7 @@ from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.fidelity_args import FidelityArgs
 from questprof.commands.render import write_report
+from questprof.commands.serve_args import ServeArgs
 from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
 
@@ -364,3 +365,58 @@ def fidelity(
     console.out.print(f"results: {target}", highlight=False)
     for line in phase_table(phases, time.perf_counter() - started):
         console.out.print(line, highlight=False, markup=False)
+
+
+@app.command()
+@user_errors
+def serve(
+    model: Annotated[str, typer.Option(
+        help="A config.json (random weights, built by transformers' from_config), a .gguf "
+             "file, a transformers folder, 'smollm2' or 'random:<scenario>'")] = ServeArgs.model,
+    trace: Annotated[Optional[Path], typer.Option(
+        help='JSONL, one request a line: {"prompt": tokens, "output": tokens, "arrival": '
+             "seconds (optional)}")] = ServeArgs.trace,
+    mix: Annotated[Optional[str], typer.Option(
+        help="A named mix instead of a trace: uniform or log-uniform (over --lengths)")]
+        = ServeArgs.mix,
+    lengths: Annotated[Optional[str], typer.Option(
+        help="The mix's prompt lengths, range syntax: its shortest and longest")]
+        = ServeArgs.lengths,
+    requests: Annotated[int, typer.Option(help="Requests of a named mix")] = ServeArgs.requests,
+    output: Annotated[int, typer.Option(
+        help="Tokens each request of a named mix generates (forced: no early stop)")]
+        = ServeArgs.output,
+    policy: Annotated[str, typer.Option(
+        help="Comma-separated: dense, quest, hybrid (Quest above the --sweep's crossover)")]
+        = ServeArgs.policy,
+    page_size: Annotated[int, typer.Option(help="Page (cache block) size in tokens")]
+        = ServeArgs.page_size,
+    budget: Annotated[int, typer.Option(help="Quest's token budget, whole pages")]
+        = ServeArgs.budget,
+    dense_layers: Annotated[int, typer.Option(help="First layers kept dense")]
+        = ServeArgs.dense_layers,
+    concurrency: Annotated[str, typer.Option(help="Requests per batch, range syntax")]
+        = ServeArgs.concurrency,
+    sweep: Annotated[Optional[Path], typer.Option(
+        help="A sweep's results directory: the crossover hybrid needs")] = ServeArgs.sweep,
+    num_blocks: Annotated[Optional[int], typer.Option(help=default(
+        "Cache pages", "enough for every request at once"))] = ServeArgs.num_blocks,
+    max_batch_tokens: Annotated[Optional[int], typer.Option(help=default(
+        "Tokens per forward; longer prefills are chunked", "the longest prompt, at most 8192"))]
+        = ServeArgs.max_batch_tokens,
+    seed: Annotated[int, typer.Option(help="Seed of prompts and random weights")]
+        = ServeArgs.seed,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
+        "Results directory", "reports/serve-<timestamp>/"))] = None,
+) -> None:
+    """A request mix through transformers' continuous batching with questprof's attention."""
+    from questprof.commands.serve import serve_command
+
+    args = ServeArgs(model=model, trace=trace, mix=mix, lengths=lengths, requests=requests,
+                     output=output, policy=policy, page_size=page_size, budget=budget,
+                     dense_layers=dense_layers, concurrency=concurrency, sweep=sweep,
+                     num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, seed=seed)
+    target = serve_command(args, out_dir, sys.argv[1:], log=lambda msg: console.out.print(
+        msg, highlight=False, markup=False, emoji=False))
+    write_report(target)
+    console.out.print(f"results: {target}", highlight=False)

@@ -26,6 +26,7 @@ from questprof.core.fp8 import E4M3
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes
 from questprof.report import fidelity as fidelity_report
 from questprof.report import selectors as selectors_report
+from questprof.report import serving as serving_report
 from questprof.report import verdict
 from questprof.report.frames import CPU_BANNER, PANEL, fmt_tokens, fmt_x
 from questprof.report.html import clocks, esc, figure, meta_table, page, section, table
@@ -217,11 +218,14 @@ def _body(df: pd.DataFrame, meta: dict) -> tuple[str, str, bool]:
     said = verdict.sentence(pairs, df, meta, pick)
     top = (f"<p class=\"verdict\">{esc(said)}</p>" if said else "") + fidelity_report.glance(
         df, meta, selectors_report.glance_lines(every, meta))
-    if not have and fidelity:  # a fidelity-only run: no timing section, nothing to pair
+    serving = serving_report.sections(every, meta)  # [] without serve rows
+    if not have and not fidelity and serving:  # a serve-only run: its section and the machine
+        parts = serving + [_machine_part(meta)]
+    elif not have and fidelity:  # a fidelity-only run: no timing section, nothing to pair
         parts = _fidelity_only(top, fidelity, selectors_report.sections(every, meta), meta)
     else:
         parts = _timing_parts(df, meta, pairs, top) + fidelity
-        parts += selectors_report.sections(every, meta)
+        parts += selectors_report.sections(every, meta) + serving
     header, title = _header(df, meta, parts, have)
     body = header + "".join(section(*part) for part in parts)
     return body, title, "plotly-graph-div" in body
@@ -257,9 +261,13 @@ def _fidelity_only(top: str, fidelity: list, selectors: list, meta: dict) -> lis
     kept = [part for part in fidelity if part[0] != "frontier"] + selectors
     parts = [("glance", "At a glance", FIDELITY_ONLY_LEDE, top)]
     parts += [(a, t.split(". ", 1)[-1], *rest) for a, t, *rest in kept]
+    return parts + [_machine_part(meta)]
+
+
+def _machine_part(meta: dict) -> tuple:
+    """The machine section, unnumbered (for a run without the timing sections 1-7)."""
     machine = SECTIONS[-1]
-    return parts + [(machine[0], machine[1].split(". ", 1)[-1], LEDES["machine"],
-                     meta_table(meta, {}))]
+    return (machine[0], machine[1].split(". ", 1)[-1], LEDES["machine"], meta_table(meta, {}))
 
 
 def _as_timed(meta: dict, df: pd.DataFrame) -> dict:

@@ -1,0 +1,69 @@
+"""`questprof serve`: a request mix through transformers' continuous batching, once per policy
+and concurrency, with questprof's decode attention; per-token latency, time to first token,
+tokens per second and the ragged decode steps, rows kept as each run ends (results.py's
+writer), then the report."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from questprof.commands.serve_args import ServeArgs
+from questprof.core.config import ConfigError, parse_sizes, validate_budget
+from questprof.serving.paged_attention import POLICIES, Policy
+
+
+def crossover_from(sweep: Path | None, page_size: int, budget: int) -> int | None:
+    """The context length from which the sweep's Quest beat dense at this page size and
+    budget (None: it never did); ConfigError when there is no sweep or no such pair in it."""
+    if sweep is None:
+        raise ConfigError("policy hybrid needs a sweep's crossover: give --sweep DIR")
+    from questprof import results
+    from questprof.report.frames import crossovers, paired
+    df = results.load(sweep)[0]
+    cross = crossovers(paired(df))
+    mine = cross[(cross["page_size"] == page_size) & (cross["budget"] == budget)]
+    if mine.empty or set(mine["kind"]) == {"none"}:
+        raise ConfigError(f"sweep {sweep} has no Quest/dense pair at page {page_size}, "
+                          f"budget {budget}: hybrid has no crossover")
+    found = mine.dropna(subset=["length"])
+    return int(found["length"].max()) if len(found) else None
+
+
+def policies(args: ServeArgs) -> list[Policy]:
+    """The policies asked for, each checked; hybrid with the sweep's crossover."""
+    validate_budget(args.budget, args.page_size)
+    names = [p.strip() for p in args.policy.split(",") if p.strip()]
+    if not names or set(names) - set(POLICIES):
+        raise ConfigError(f"bad --policy {args.policy!r}: expected some of {', '.join(POLICIES)}")
+    out = []
+    for name in dict.fromkeys(names):
+        cross = crossover_from(args.sweep, args.page_size, args.budget) if name == "hybrid" \
+            else None
+        if name == "hybrid" and cross is None:  # Quest never won: hybrid is dense throughout
+            cross = np.iinfo(np.int64).max
+        out.append(Policy(name, args.page_size, args.budget, args.dense_layers, cross))
+    return out
+
+
+def mix_specs(args: ServeArgs):
+    """The requests' lengths: the trace, else the named mix."""
+    from questprof.serving.mixes import named_mix, read_trace
+    if args.trace is not None:
+        return read_trace(args.trace)
+    if args.mix is None:
+        raise ConfigError("no requests: give --trace FILE or --mix uniform|log-uniform")
+    lengths = parse_sizes(args.lengths) if args.lengths else None
+    return named_mix(args.mix, lengths, args.requests, args.output, args.seed)
+
+
+def serve_command(args: ServeArgs, out_dir, argv, log=print) -> Path:
+    """The whole `questprof serve`: returns the results directory."""
+    from questprof.commands.serve_run import run_all
+    chosen, specs = policies(args), mix_specs(args)
+    concurrency = parse_sizes(args.concurrency, "concurrency")
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    target = Path(out_dir or Path("reports") / f"serve-{stamp}")
+    return run_all(args, chosen, specs, concurrency, target, " ".join(["questprof", *argv]), log)

@@ -1,0 +1,90 @@
+"""The runs of `questprof serve`: the model loaded once, every (policy, concurrency) through
+transformers' loop, each run's rows on disk as soon as it ends."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from questprof.commands.serve_args import ServeArgs
+from questprof.serving.latency import summarize, token_gaps_ms
+from questprof.serving.paged_attention import Policy
+
+SERVE, REQUEST = "serve", "serve-request"  # the stages of serve's rows: a run, a request
+PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
+
+
+def _settings(args: ServeArgs, concurrency: int, requests):
+    """The loop's settings: with no --num-blocks, cache pages for every request at once; with
+    no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK (transformers
+    5.24 sizes both from the GPU's memory and, on a CPU, stalls without a word)."""
+    from questprof.serving.loop import LoopSettings
+    size = args.page_size
+    blocks = args.num_blocks or sum(-(-(len(r.prompt) + r.output) // size) + 1
+                                    for r in requests) + 8
+    tokens = args.max_batch_tokens or min(max(len(r.prompt) for r in requests) + concurrency,
+                                          PREFILL_CHUNK)
+    return LoopSettings(size, concurrency, blocks, tokens)
+
+
+def _shape_fields(log) -> dict:
+    """The decode steps' ragged shapes: how many, and per step the mean and largest count of
+    requests, active pages and pages read."""
+    steps = log.steps
+    out = {"steps": len(steps), "selections": log.selections}
+    for key in ("requests", "active_pages", "pages_read"):
+        values = np.array([s[key] for s in steps], dtype=float)
+        out[f"step_{key}_mean"] = float(values.mean()) if len(values) else float("nan")
+        out[f"step_{key}_max"] = float(values.max()) if len(values) else float("nan")
+    return out
+
+
+def run_rows(base: dict, served, log) -> list[dict]:
+    """A run's rows: one per request (its token gaps, TTFT), then the run's summary."""
+    rows = []
+    for s in served:
+        gaps = token_gaps_ms(s.timestamps)
+        rows.append({**base, "stage": REQUEST, "request": s.index, "length": s.prompt_len,
+                     "tokens": len(s.timestamps), "token_ms": [float(g) for g in gaps],
+                     "ttft_ms": (s.timestamps[0] - s.added) * 1e3 if s.timestamps else None,
+                     "status": "ok"})
+    summary = summarize(served)
+    rows.append({**base, "stage": SERVE, "requests": len(served), **summary.fields(),
+                 **_shape_fields(log), "status": "ok"})
+    return rows
+
+
+def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int) -> dict:
+    cfg = loaded.model.config
+    return {"model": loaded.name, "policy": policy.name, "concurrency": concurrency,
+            "page_size": policy.page_size, "budget": policy.budget,
+            "k_pages": policy.k_pages, "dense_layers": policy.dense_layers,
+            "crossover": policy.crossover if policy.name == "hybrid" else None,
+            "layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
+            "kv_heads": cfg.num_key_value_heads, "impl": "questprof_paged",
+            "backend": str(loaded.model.device), "mode": "per-head"}
+
+
+def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command: str,
+            log) -> Path:
+    """Every (policy, concurrency) over the mix; rows appended as each run ends."""
+    from questprof import results
+    from questprof.core.machine import git_fields, machine_info
+    from questprof.serving.loop import serve
+    from questprof.serving.models import load_serving_model, requests_for
+    loaded = load_serving_model(args.model, args.seed)
+    requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
+    meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
+            "serve": {k: str(v) for k, v in asdict(args).items()},
+            "machine": machine_info(), **git_fields()}
+    with results.ResultsWriter(target, meta) as writer:
+        for policy in policies:
+            for c in concurrency:
+                log(f"serve {loaded.name}: {policy.name}, {len(requests)} requests, "
+                    f"concurrency {c}")
+                served, steps = serve(loaded.model, requests, policy,
+                                      _settings(args, c, requests))
+                writer.extend(run_rows(_base(args, loaded, policy, c), served, steps))
+    return target

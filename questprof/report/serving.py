@@ -1,0 +1,91 @@
+"""The serving section: what `questprof serve` measured in transformers' continuous batching,
+per policy and concurrency (rows of stages 'serve', one per run, and 'serve-request', one per
+request with its per-token latencies `token_ms`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from questprof.report.figures import PALETTE
+from questprof.report.html import figure, table
+
+RUN, REQUEST = "serve", "serve-request"
+LEDE = ("A request mix served by transformers' continuous batching with questprof's decode "
+        "attention, once per policy (dense; quest: Quest's selection in every layer past the "
+        "dense ones; hybrid: Quest only for requests longer than the sweep's crossover) and "
+        "concurrency (requests per batch). Output lengths are forced, so every policy does the "
+        "same work. Per-token latency is the gap between consecutive tokens of a request; "
+        "TTFT from a request's arrival to its first token. The table's last columns are the "
+        "decode steps' ragged shapes: requests, their pages and the pages read, per step.")
+COLUMNS = {"policy": "policy", "concurrency": "concurrency", "requests": "requests",
+           "token_p50_ms": "per token p50 ms", "token_p95_ms": "p95 ms",
+           "token_p99_ms": "p99 ms", "ttft_p50_ms": "TTFT p50 ms", "ttft_p95_ms": "TTFT p95 ms",
+           "tokens_per_s": "tokens/s", "steps": "decode steps",
+           "step_requests_mean": "requests/step", "step_active_pages_mean": "pages/step",
+           "step_pages_read_mean": "pages read/step", "crossover": "hybrid from"}
+
+
+def has_rows(df: pd.DataFrame) -> bool:
+    return "stage" in df and bool((df["stage"] == RUN).any())
+
+
+def _label(row) -> str:
+    return f"{row['policy']}, concurrency {int(row['concurrency'])}"
+
+
+def cdf_figure(requests: pd.DataFrame) -> go.Figure:
+    """Per-token latency CDF, one line per (policy, concurrency)."""
+    fig = go.Figure()
+    for i, (key, rows) in enumerate(requests.groupby(["policy", "concurrency"], sort=True)):
+        gaps = np.sort(np.concatenate([np.asarray(g, float) for g in rows["token_ms"]]))
+        fig.add_trace(go.Scatter(
+            x=gaps, y=np.arange(1, len(gaps) + 1) / max(len(gaps), 1), mode="lines",
+            name=f"{key[0]}, concurrency {int(key[1])}", line={"shape": "hv",
+                                                               "color": PALETTE[i % len(PALETTE)]}))
+    fig.update_layout(title="Per-token latency, CDF", xaxis_title="ms between tokens",
+                      yaxis_title="fraction of tokens", xaxis_type="log", height=380)
+    return fig
+
+
+def throughput_figure(runs: pd.DataFrame) -> go.Figure:
+    """Tokens per second against concurrency, one line per policy."""
+    fig = go.Figure()
+    for i, (name, rows) in enumerate(runs.groupby("policy", sort=True)):
+        rows = rows.sort_values("concurrency")
+        fig.add_trace(go.Scatter(x=rows["concurrency"], y=rows["tokens_per_s"], name=name,
+                                 mode="lines+markers", line={"color": PALETTE[i % len(PALETTE)]}))
+    fig.update_layout(title="Throughput against concurrency", xaxis_title="requests per batch",
+                      yaxis_title="tokens/s", height=340)
+    return fig
+
+
+def _shown(runs: pd.DataFrame) -> pd.DataFrame:
+    """The table's rows, rounded for reading."""
+    out = runs.sort_values(["policy", "concurrency"]).copy()
+    for col in COLUMNS:
+        if col not in out:
+            out[col] = None
+        elif out[col].dtype.kind == "f" and col != "crossover":
+            out[col] = out[col].map(lambda v: f"{v:.3g}" if pd.notna(v) else "")
+    out["crossover"] = out["crossover"].map(lambda v: "" if pd.isna(v) else int(v))
+    return out
+
+
+def section(df: pd.DataFrame) -> str:
+    """The table, the latency CDF and throughput against concurrency."""
+    runs = df[df["stage"] == RUN]
+    requests = df[(df["stage"] == REQUEST) & df["token_ms"].notna()]
+    html = table(_shown(runs), COLUMNS, "serving", numeric=tuple(COLUMNS)[1:])
+    if len(requests):
+        html += figure(cdf_figure(requests), "serving-cdf")
+    return html + figure(throughput_figure(runs), "serving-throughput")
+
+
+def sections(df: pd.DataFrame, meta: dict) -> list[tuple[str, str, str, str]]:
+    """[(anchor, title, lede, html)] of the serving section; [] without serve rows."""
+    if not has_rows(df):
+        return []
+    return [("serving", "Serving: latency per token in a continuous-batching loop", LEDE,
+             section(df))]

@@ -1,0 +1,112 @@
+"""A request mix through transformers' continuous batching with questprof's attention.
+
+`serve` starts transformers' manager (`continuous_batching_context_manager`), adds each request
+at its arrival time with its own forced output length (no end-of-sequence token, so every
+policy does the same work), and collects each request's tokens and the time each token came
+out (`record_timestamps`). Concurrency is transformers' `max_requests_per_batch`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from questprof.serving.paged_attention import Policy, QuestPaged, StepLog, bound
+
+RESULT_WAIT_S = 600.0  # one request's longest wait for its result before the run gives up
+
+
+@dataclass(frozen=True)
+class Request:
+    """Prompt token ids, the tokens to generate, and seconds after the start it arrives."""
+
+    prompt: tuple[int, ...]
+    output: int
+    arrival: float = 0.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What one request got: its tokens, when it was added (perf_counter seconds) and when each
+    token came out."""
+
+    index: int
+    prompt_len: int
+    tokens: tuple[int, ...]
+    added: float
+    timestamps: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """transformers' continuous batching settings of a run: page (block) size, requests per
+    batch, cache pages (None: transformers sizes it from free memory) and tokens per forward
+    (None: transformers'; a prefill longer than it is chunked)."""
+
+    page_size: int
+    concurrency: int
+    num_blocks: int | None = None
+    max_batch_tokens: int | None = None
+
+
+def _configs(settings: LoopSettings, longest_output: int):
+    """(GenerationConfig, ContinuousBatchingConfig): greedy, no end-of-sequence token, no
+    CUDA graphs (questprof's decode chooses pages on the host) and no switch to flash."""
+    from transformers import GenerationConfig
+    from transformers.generation import ContinuousBatchingConfig
+    gen = GenerationConfig(do_sample=False, max_new_tokens=longest_output, eos_token_id=-1,
+                           pad_token_id=0)
+    cb = ContinuousBatchingConfig(page_size=settings.page_size, num_blocks=settings.num_blocks,
+                                  max_batch_tokens=settings.max_batch_tokens,
+                                  max_requests_per_batch=settings.concurrency,
+                                  use_cuda_graph=False, auto_switch_to_flash=False,
+                                  allow_block_sharing=False)
+    return gen, cb
+
+
+def _feed(manager, requests: list[Request], start: float) -> None:
+    """Add every request at its arrival time (request id = its position in the mix)."""
+    for i in sorted(range(len(requests)), key=lambda j: requests[j].arrival):
+        wait = start + requests[i].arrival - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        manager.add_request(list(requests[i].prompt), request_id=str(i),
+                            max_new_tokens=requests[i].output, record_timestamps=True)
+
+
+def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list[Served]:
+    """Each request's result as it finishes; RuntimeError naming the first that failed."""
+    got: dict[int, Served] = {}
+    while len(got) < len(requests):
+        feeding = feeder.is_alive()  # asked before the wait: a request may arrive during it
+        result = manager.get_result(timeout=0.1 if feeding else RESULT_WAIT_S)
+        if result is None:
+            if feeding:
+                continue
+            why = manager.background_thread_status.fatal_error
+            raise RuntimeError(f"transformers' loop returned {len(got)} of {len(requests)} "
+                               f"requests and then stopped: {why!r}") from why
+        if result.error:
+            raise RuntimeError(f"request {result.request_id}: {result.error}")
+        i = int(result.request_id)
+        got[i] = Served(i, len(requests[i].prompt), tuple(result.generated_tokens),
+                        float(result.created_time), tuple(result.timestamps or ()))
+    return [got[i] for i in range(len(requests))]
+
+
+def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings,
+          engine=None) -> tuple[list[Served], StepLog]:
+    """Every request of the mix through transformers' loop with `policy`'s attention (decode by
+    `engine`: paged_attention.HostDecode by default, or stages_decode.StagesDecode)."""
+    gen, cb = _configs(settings, max(r.output for r in requests))
+    attention = QuestPaged(policy, engine=engine)
+    with bound(model, attention), model.continuous_batching_context_manager(
+            generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,
+            warmup=False) as manager:
+        start = time.perf_counter()
+        feeder = threading.Thread(target=_feed, args=(manager, requests, start), daemon=True)
+        feeder.start()
+        served = _collect(manager, requests, feeder)
+        feeder.join()
+    return served, attention.log

@@ -1,0 +1,141 @@
+"""questprof's attention inside transformers' own continuous batching, and `questprof serve`
+end to end, on a 2-layer random Llama built from a small config.json (CPU, a few seconds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from questprof import results
+from questprof.cli import app
+from questprof.serving.loop import LoopSettings, Request, serve
+from questprof.serving.paged_attention import Policy
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 512,
+          "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
+          "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+SIZE = 16
+TRACE = [{"prompt": 40, "output": 6}, {"prompt": 100, "output": 8, "arrival": 0.02},
+         {"prompt": 17, "output": 5}, {"prompt": 63, "output": 4}]
+
+
+@pytest.fixture(scope="module")
+def config_json(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model") / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(config_json):
+    from questprof.serving.mixes import Spec
+    from questprof.serving.models import load_serving_model, requests_for
+    loaded = load_serving_model(str(config_json), seed=0)
+    specs = [Spec(t["prompt"], t["output"], t.get("arrival", 0.0)) for t in TRACE]
+    return loaded.model, requests_for(specs, CONFIG["vocab_size"], seed=3)
+
+
+def _baseline(model, requests: list[Request]) -> list[tuple]:
+    """transformers' own paged SDPA (no questprof), greedy, same loop settings."""
+    from questprof.serving.loop import _configs
+    model.set_attn_implementation("sdpa")
+    gen, cb = _configs(LoopSettings(SIZE, 8, 64, 256), max(r.output for r in requests))
+    out = model.generate_batch([list(r.prompt) for r in requests], generation_config=gen,
+                               continuous_batching_config=cb, progress_bar=False)
+    by_prompt = {tuple(o.prompt_ids): tuple(o.generated_tokens) for o in out.values()}
+    return [by_prompt[r.prompt][: r.output] for r in requests]
+
+
+def test_full_budget_gives_transformers_tokens_and_small_budget_selects(tiny):
+    """dense and Quest with a budget past every length give the greedy tokens of
+    transformers' own SDPA; a 2-page budget selects in every (decode, sparse layer) and reads
+    fewer pages than the requests hold."""
+    model, requests = tiny
+    want = _baseline(model, requests)
+    settings = LoopSettings(SIZE, 8, 64, 256)
+    decodes = sum(r.output - 1 for r in requests)
+    for policy in (Policy("dense", SIZE, 64, dense_layers=0),
+                   Policy("quest", SIZE, 1024, dense_layers=0)):
+        served, log = serve(model, requests, policy, settings)
+        assert [s.tokens for s in served] == [w[: r.output] for w, r in zip(want, requests)]
+        assert log.selections == (2 * decodes if policy.name == "quest" else 0)
+    served, log = serve(model, requests, Policy("quest", SIZE, 2 * SIZE, dense_layers=1),
+                        settings)
+    assert [len(s.tokens) for s in served] == [r.output for r in requests]  # forced lengths
+    assert log.selections == decodes  # layer 1 of 2, every decode step of every request
+    assert sum(s["requests"] for s in log.steps) == decodes
+    read = sum(s["pages_read"] for s in log.steps)
+    assert read < sum(s["active_pages"] for s in log.steps)
+    assert all(s["pages_read"] <= 2 * 2 * s["requests"] for s in log.steps)  # 2 q heads x K
+
+
+def run(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def test_serve_writes_rows_and_report(config_json, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(t) + "\n" for t in TRACE[:3]))
+    out = tmp_path / "out"
+    result = run("serve", "--model", config_json, "--trace", trace, "--policy", "dense,quest",
+                 "--budget", 32, "--dense-layers", 1, "--concurrency", "1,3", "--out", out)
+    assert result.exit_code == 0, result.output
+    df = results.load(out)[0]
+    runs = df[df["stage"] == "serve"]
+    assert sorted(zip(runs["policy"], runs["concurrency"])) == [
+        ("dense", 1), ("dense", 3), ("quest", 1), ("quest", 3)]
+    assert (runs["tokens"] == 6 + 8 + 5).all() and (runs["token_p95_ms"] > 0).all()
+    asked = df[df["stage"] == "serve-request"]
+    assert len(asked) == 12 and all(len(g) == n - 1 for g, n in zip(asked["token_ms"],
+                                                                      asked["tokens"]))
+    html = (out / "report.html").read_text()
+    assert "Serving: latency per token" in html and "fig-serving-cdf" in html
+    assert "fig-serving-throughput" in html and "1. Crossover" not in html
+
+
+@pytest.mark.parametrize("flags,said", [
+    (["--trace", "BAD"], "line 2"),
+    (["--mix", "uniform"], "names no lengths"),
+    (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
+    (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
+])
+def test_bad_input_is_one_line(config_json, tmp_path, flags, said):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": 8, "output": 2}\nnot json\n')
+    broken = tmp_path / "config.json"
+    broken.write_text(json.dumps({"model_type": "no-such-architecture"}))
+    flags = [str(bad) if f == "BAD" else str(broken) if f == "BROKEN" else f for f in flags]
+    if "--model" not in flags:
+        flags += ["--model", str(config_json)]
+    result = run("serve", *flags, "--out", tmp_path / "o")
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, monkeypatch):
+    """The first policy's rows stay on disk when the second's run fails."""
+    from questprof.commands import serve_run
+    from questprof.core.config import ConfigError
+    from questprof.serving import loop
+    real = loop.serve
+
+    def second_fails(model, requests, policy, settings):
+        if policy.name == "quest":
+            raise ConfigError("the second run failed")
+        return real(model, requests, policy, settings)
+
+    monkeypatch.setattr(loop, "serve", second_fails)
+    out = tmp_path / "out"
+    result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+                 "--requests", 2, "--output", 3, "--budget", 32, "--out", out)
+    assert result.exit_code == 2 and "the second run failed" in result.stderr
+    rows = results.read_rows(out)
+    assert {r["policy"] for r in rows} == {"dense"} and len(rows) == 3
+    assert serve_run.SERVE in {r["stage"] for r in rows}
