@@ -103,3 +103,45 @@ def test_keys_of_hbm_runs_are_unchanged_and_tiers_travel_in_rows():
     assert "kv_tier=host" in cfg.key() and "hbm_pages=256" in cfg.key()
     row = cfg.as_dict()
     assert (row["kv_tier"], row["summary_tier"], row["hbm_pages"]) == ("host", "host", 256)
+
+
+def test_a_cpu_sweep_over_the_host_tier_says_so_and_rows_carry_link_bytes(tmp_path):
+    """The NumPy backend runs the tier on the CPU: the host is the host; link bytes modelled."""
+    from typer.testing import CliRunner
+
+    from questprof import results
+    from questprof.cli import app
+
+    out = tmp_path / "run"
+    got = CliRunner().invoke(app, [
+        "sweep", "--scenario", "smoke", "--lengths", "2k", "--budget", "256", "--kv-tier",
+        "host", "--summary-tier", "host", "--out", str(out), "--repeats", "2", "--warmup", "0",
+        "--backend", "numpy", "--no-fidelity", "--no-e2e"])
+    assert got.exit_code == 0, got.output
+    assert "the host is the host" in got.stderr and "no step-to-step reuse" in got.stderr
+    rows = {r["stage"]: r for r in results.read_rows(out) if r["impl"] == "ours"}
+    assert {r["kv_tier"] for r in rows.values()} == {"host"}
+    cfg = Config(load_smoke(), 2048, rows["dense"]["batch"], rows["dense"]["page_size"], 256,
+                 rows["dense"]["mode"], kv_tier="host", summary_tier="host")
+    want = tier.tier_bytes(cfg)
+    assert rows["dense"]["link_bytes"] == want["dense"].link
+    # per-head: the rows count the measured union of the group's pages, the model its bound
+    assert 0 < rows["quest"]["link_bytes"] <= tier.quest_tier_bytes(cfg).link
+
+
+def test_summaries_on_the_host_over_an_hbm_cache_exit_2_in_one_line():
+    from typer.testing import CliRunner
+
+    from questprof.cli import app
+
+    got = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k",
+                                   "--summary-tier", "host", "--backend", "numpy"])
+    assert got.exit_code == 2
+    (line,) = got.stderr.strip().splitlines()
+    assert "--summary-tier host with --kv-tier hbm" in line
+
+
+def load_smoke():
+    from questprof.core.scenarios import load_scenario
+
+    return load_scenario("smoke").model
