@@ -21,6 +21,7 @@ from questprof.backends import BackendUnavailable
 from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.fidelity_args import FidelityArgs
+from questprof.commands.reuse_args import ReuseArgs
 from questprof.commands.render import write_report
 from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
@@ -307,6 +308,44 @@ def bytes_check(
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
     if args.check_formula or status == 3:
         raise typer.Exit(status)
+
+
+@app.command()
+@user_errors
+def reuse(
+    model: Annotated[str, typer.Option(help="A .gguf file, a transformers folder or 'smollm2'")]
+        = ReuseArgs.model,
+    length: Annotated[str, typer.Option(help="Prompt tokens")] = ReuseArgs.length,
+    steps: Annotated[int, typer.Option(help="Decode steps captured")] = ReuseArgs.steps,
+    prompts: Annotated[int, typer.Option(help="Passkey prompts")] = ReuseArgs.prompts,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = ReuseArgs.page_size,
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = ReuseArgs.budget,
+    mode: Annotated[str, typer.Option(help="GQA selection modes")] = ReuseArgs.mode,
+    hbm_pages: Annotated[Optional[str], typer.Option(help=default(
+        "Cache sizes C in pages per (request, KV head), e.g. '32,64'", "1, 2 and 4 x K"))]
+        = ReuseArgs.hbm_pages,
+    dense_layers: Annotated[int, typer.Option(help="First layers left out (dense under Quest)")]
+        = ReuseArgs.dense_layers,
+    backend: Annotated[str, typer.Option(help="Where the selection runs: numpy or auto")]
+        = ReuseArgs.backend,
+    seed: Annotated[int, typer.Option(help="Of the passkeys")] = ReuseArgs.seed,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
+        "Results directory", "reports/reuse-<timestamp>/"))] = None,
+) -> None:
+    """Pages Quest's selection shares step to step on a real model, and the miss rate of a
+    C-page HBM cache replaying it (what a host-tier cache saves over the link)."""
+    from questprof.commands import reuse as reuse_mod
+
+    args = ReuseArgs(model=model, length=length, steps=steps, prompts=prompts,
+                     page_size=page_size, budget=budget, mode=mode, hbm_pages=hbm_pages,
+                     dense_layers=dense_layers, backend=backend, seed=seed)
+    log = lambda msg: console.err.print(msg, highlight=False, markup=False)  # noqa: E731
+    target, rows = reuse_mod.reuse_command(args, out_dir, sys.argv[1:], log)
+    import pandas as pd
+
+    console.out.print(console.table(pd.DataFrame(reuse_mod.table_rows(rows)),
+                                    "reuse over all layers >= --dense-layers", {}))
+    console.out.print(f"results: {target}", highlight=False)
 
 
 @app.command()
