@@ -16,6 +16,7 @@ Random pools have no reuse: these figures come from a real model only.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ def replay(steps: list[set], capacities) -> tuple[int, int, dict]:
     caches = {c: LRUPages(c, steps[0]) for c in capacities}
     pages = kept = 0
     misses = dict.fromkeys(capacities, 0)
-    for before, now in zip(steps, steps[1:]):
+    for before, now in itertools.pairwise(steps):
         pages += len(now)
         kept += len(now & before)
         for c, cache in caches.items():
