@@ -127,6 +127,12 @@ def test_a_cpu_sweep_over_the_host_tier_says_so_and_rows_carry_link_bytes(tmp_pa
     assert rows["dense"]["link_bytes"] == want["dense"].link
     # per-head: the rows count the measured union of the group's pages, the model its bound
     assert 0 < rows["quest"]["link_bytes"] <= tier.quest_tier_bytes(cfg).link
+    from questprof.report import tier as tier_report
+
+    df, meta = results.load(out)
+    html = tier_report.section(df, meta)
+    assert "dense / Quest" in html and tier_report.NO_CEILINGS in html
+    assert meta["link_ceilings"] is None
 
 
 def test_summaries_on_the_host_over_an_hbm_cache_exit_2_in_one_line():
