@@ -21,6 +21,7 @@ from questprof.backends import BackendUnavailable
 from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.fidelity_args import FidelityArgs
+from questprof.commands.reuse_args import ReuseArgs
 from questprof.commands.render import write_report
 from questprof.commands.serve_args import ServeArgs
 from questprof.core import selectors
@@ -77,6 +78,12 @@ SUMMARY_DTYPE_HELP = ("Summaries over an FP8 cache: fp8 (codes, rounded outward:
 KV_SCALE_HELP = "FP8 scales: one per tensor or one per KV head (amax / 448): tensor or head"
 TP_HELP = ("Tensor-parallel GPUs: each attends q_heads/N q heads over kv_heads/N KV heads (1 "
            "replicated when fewer, as vLLM shards)")
+KV_TIER_HELP = ("Where the K and V pages live: hbm, or host (pinned host memory read over the "
+                "link; on the CPU backend the host is the host: same work, link bytes modelled)")
+SUMMARY_TIER_HELP = ("Where the page summaries live: hbm, or host (with --kv-tier host: they "
+                     "cross the link too, 1/S more)")
+HBM_PAGES_HELP = ("C pages per (request, KV head) cached in HBM, least recently selected out, "
+                  "so only misses cross the link (>= the budget's pages; 0: no page cache)")
 SCENARIO_HELP = ("Scenario name (scenarios/<name>.toml), a .toml path, or a Hugging Face "
                  "config.json (or the model folder holding it)")
 
@@ -152,6 +159,10 @@ def sweep(
     budgets_file: Annotated[Optional[str], typer.Option(help=(
         "A per-layer budget table (budgets.toml, written by questprof fidelity): the Quest "
         "step is timed with each layer's budget, at the table's page size and mode"))] = None,
+    kv_tier: Annotated[Optional[str], typer.Option(help=default(KV_TIER_HELP, "hbm"))] = None,
+    summary_tier: Annotated[Optional[str], typer.Option(help=default(SUMMARY_TIER_HELP, "hbm"))]
+        = None,
+    hbm_pages: Annotated[Optional[int], typer.Option(help=default(HBM_PAGES_HELP, 0))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
@@ -229,6 +240,9 @@ def bench(
     cases: Annotated[Optional[Path], typer.Option(help=default(
         "Bench file of cases and goals", "scenarios/bench.toml of questprof"))]
         = BenchArgs.cases,
+    kv_tier: Annotated[str, typer.Option(help=KV_TIER_HELP)] = BenchArgs.kv_tier,
+    summary_tier: Annotated[str, typer.Option(help=SUMMARY_TIER_HELP)] = BenchArgs.summary_tier,
+    hbm_pages: Annotated[int, typer.Option(help=HBM_PAGES_HELP)] = BenchArgs.hbm_pages,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory (rows, rows.json, report.html)", "reports/bench-<timestamp>/"))]
         = None,
@@ -236,7 +250,8 @@ def bench(
     """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
     from questprof.commands import bench as bench_mod
 
-    args = BenchArgs(quick=quick, peers=peers, graph=graph, repeats=repeats, cases=cases)
+    args = BenchArgs(quick=quick, peers=peers, graph=graph, repeats=repeats, cases=cases,
+                     kv_tier=kv_tier, summary_tier=summary_tier, hbm_pages=hbm_pages)
     try:
         target = bench_mod.bench_command(args, out_dir, sys.argv[1:])
     except KeyboardInterrupt:
@@ -265,6 +280,10 @@ def bytes_check(
         = BytesArgs.summary_dtype,
     kv_scale: Annotated[Optional[str], typer.Option(help=KV_SCALE_HELP)] = BytesArgs.kv_scale,
     tp: Annotated[Optional[int], typer.Option(help=TP_HELP)] = BytesArgs.tp,
+    kv_tier: Annotated[Optional[str], typer.Option(help=KV_TIER_HELP)] = BytesArgs.kv_tier,
+    summary_tier: Annotated[Optional[str], typer.Option(help=SUMMARY_TIER_HELP)]
+        = BytesArgs.summary_tier,
+    hbm_pages: Annotated[Optional[int], typer.Option(help=HBM_PAGES_HELP)] = BytesArgs.hbm_pages,
     source: Annotated[str, typer.Option(help="cupti, ncu, nvml or all")] = BytesArgs.source,
     tolerance: Annotated[float, typer.Option(help="Allowed relative difference")]
         = BytesArgs.tolerance,
@@ -285,10 +304,49 @@ def bytes_check(
     args = BytesArgs(check_formula=check_formula, scenario=scenario, lengths=lengths,
                      batch=batch, page_size=page_size, budget=budget, mode=mode,
                      kv_dtype=kv_dtype, summary_dtype=summary_dtype, kv_scale=kv_scale, tp=tp,
+                     kv_tier=kv_tier, summary_tier=summary_tier, hbm_pages=hbm_pages,
                      source=source, tolerance=tolerance, protocol=protocol)
     status = bytes_mod.bytes_command(args, out_dir, json_out, sys.argv[1:])
     if args.check_formula or status == 3:
         raise typer.Exit(status)
+
+
+@app.command()
+@user_errors
+def reuse(
+    model: Annotated[str, typer.Option(help="A .gguf file, a transformers folder or 'smollm2'")]
+        = ReuseArgs.model,
+    length: Annotated[str, typer.Option(help="Prompt tokens")] = ReuseArgs.length,
+    steps: Annotated[int, typer.Option(help="Decode steps captured")] = ReuseArgs.steps,
+    prompts: Annotated[int, typer.Option(help="Passkey prompts")] = ReuseArgs.prompts,
+    page_size: Annotated[str, typer.Option(help="Page sizes")] = ReuseArgs.page_size,
+    budget: Annotated[str, typer.Option(help="Token budgets, whole pages")] = ReuseArgs.budget,
+    mode: Annotated[str, typer.Option(help="GQA selection modes")] = ReuseArgs.mode,
+    hbm_pages: Annotated[Optional[str], typer.Option(help=default(
+        "Cache sizes C in pages per (request, KV head), e.g. '32,64'", "1, 2 and 4 x K"))]
+        = ReuseArgs.hbm_pages,
+    dense_layers: Annotated[int, typer.Option(help="First layers left out (dense under Quest)")]
+        = ReuseArgs.dense_layers,
+    backend: Annotated[str, typer.Option(help="Where the selection runs: numpy or auto")]
+        = ReuseArgs.backend,
+    seed: Annotated[int, typer.Option(help="Of the passkeys")] = ReuseArgs.seed,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
+        "Results directory", "reports/reuse-<timestamp>/"))] = None,
+) -> None:
+    """Pages Quest's selection shares step to step on a real model, and the miss rate of a
+    C-page HBM cache replaying it (what a host-tier cache saves over the link)."""
+    from questprof.commands import reuse as reuse_mod
+
+    args = ReuseArgs(model=model, length=length, steps=steps, prompts=prompts,
+                     page_size=page_size, budget=budget, mode=mode, hbm_pages=hbm_pages,
+                     dense_layers=dense_layers, backend=backend, seed=seed)
+    log = lambda msg: console.err.print(msg, highlight=False, markup=False)  # noqa: E731
+    target, rows = reuse_mod.reuse_command(args, out_dir, sys.argv[1:], log)
+    import pandas as pd
+
+    console.out.print(console.table(pd.DataFrame(reuse_mod.table_rows(rows)),
+                                    "reuse over all layers >= --dense-layers", {}))
+    console.out.print(f"results: {target}", highlight=False)
 
 
 @app.command()

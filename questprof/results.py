@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from questprof.core import model
+from questprof.core import model, tier
 from questprof.core.stages import ROW_STAGES
 
 ROWS = "rows.jsonl"
@@ -30,6 +30,7 @@ COLUMNS = (
     "unmodelled_bytes", "write_bytes", "flops", "bandwidth_gbs", "measured_read_bytes",
     "measured_write_bytes", "bytes_source", "bytes_ratio", "rho_formula", "rho_model",
     "sm_clock_mhz", "mem_clock_mhz", "throttled", "sim_layers", "status", "reason", "note",
+    "kv_tier", "summary_tier", "hbm_pages", "link_bytes", "tier_hbm_bytes", "miss_rate",
 )
 TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
                  "mem_clock_mhz", "throttled")
@@ -68,10 +69,25 @@ def make_row(cfg, stage: str, *, scenario: str, backend: str, impl: str = OURS,
                                     model.summary_ratio(cfg.model)),
            "rho_model": model.quest_rho(cfg, union), "sim_layers": layers,
            "status": status, "reason": reason, "note": timing.get("note")}
+    row.update(tier_fields(cfg, stage, union))
     row.update(extra)
     if row["measured_read_bytes"] is not None and read:
         row["bytes_ratio"] = row["measured_read_bytes"] / read
     return row
+
+
+def tier_fields(cfg, stage: str, union: float | None = None,
+                miss_rate: float = tier.NO_REUSE) -> dict:
+    """link_bytes and tier_hbm_bytes of a stage row over a host tier (core/tier.py), at
+    `miss_rate`: the pools a run times are random, and random pages have no step-to-step
+    reuse, so a timed row's chosen pages all miss (`questprof reuse` measures real reuse).
+    None over HBM, and for stages the byte model does not hold."""
+    if tier.kv_tier(cfg) == "hbm" or stage not in ROW_STAGES:
+        return {"link_bytes": None, "tier_hbm_bytes": None, "miss_rate": None}
+    parts = (tier.quest_tier_bytes(cfg, miss_rate, union_pages=union) if stage == "quest"
+             else tier.tier_bytes(cfg, miss_rate, union_pages=union)[stage])
+    return {"link_bytes": parts.link, "tier_hbm_bytes": parts.hbm,
+            "miss_rate": miss_rate if cfg.hbm_pages else None}
 
 
 def now() -> str:

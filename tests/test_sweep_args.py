@@ -18,7 +18,8 @@ FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
 META_KEYS = ["scenario", "lengths", "batch", "page_size", "budget", "mode", "backend", "layers",
              "repeats", "warmup", "graph", "bytes_source", "peers", "e2e", "e2e_budget",
              "e2e_page_size", "gpus", "fidelity", "fidelity_model", "kv_dtype", "summary_dtype",
-             "kv_scale", "tp", "e2e_on", "budgets_file"]
+             "kv_scale", "tp", "e2e_on", "budgets_file", "kv_tier", "summary_tier",
+             "hbm_pages"]
 
 
 def run(*args):
@@ -131,6 +132,8 @@ def smoke_run(tmp_path_factory):
     (["--budget", "512"], "--budget 512: {out} holds budget 256"),
     (["--repeats", "5"], "--repeats 5: {out} holds a run with --repeats 2"),
     (["--no-graph"], "--no-graph: {out} holds a run with --graph"),
+    (["--kv-tier", "host"], "--kv-tier host: {out} holds a run with kv tier hbm"),
+    (["--summary-tier", "host"], "--summary-tier host with --kv-tier hbm"),
     (["--out", "elsewhere"], "--out elsewhere: a resume continues in its own directory, {out}"),
 ])
 def test_a_resume_that_contradicts_its_directory_is_one_line_and_writes_nothing(

@@ -61,6 +61,14 @@ def _case(models: dict, case: dict, mode: str, path) -> Config:
                   case["budget"], mode)
 
 
+def with_tiers(cfg, args: BenchArgs) -> Config:
+    """A case with the command line's tiers (Config checks them: a ConfigError line)."""
+    from dataclasses import replace
+
+    return replace(cfg, kv_tier=args.kv_tier, summary_tier=args.summary_tier,
+                   hbm_pages=args.hbm_pages)
+
+
 def _layers(cfg, backend) -> int:
     """Layers of a cold pass within POOL_FRACTION of free memory (peers need as much again)."""
     from questprof.workload.pools import free_bytes, l2_bytes
@@ -297,6 +305,7 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, args.quick)
+    cases = [with_tiers(cfg, args) for cfg in cases]  # one line for tiers that make no sense
     from questprof.commands.bench_selectors import selectors_of
     named = selectors_of(cases_file)  # one line for a name without a kernel form
     backend = get_backend("cupy")  # one clear line and exit 2 without a GPU

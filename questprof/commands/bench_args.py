@@ -16,3 +16,6 @@ class BenchArgs:
     graph: bool = True  # time CUDA-graph replays of each pass
     repeats: int = 20  # timed passes per stage
     cases: Path | None = None  # the bench file; None: scenarios/bench.toml (bench.BENCH_FILE)
+    kv_tier: str = "hbm"  # every case's K and V pages in hbm or host memory (core/tier.py)
+    summary_tier: str = "hbm"  # every case's summaries: hbm or host (host needs kv_tier host)
+    hbm_pages: int = 0  # C pages per (request, KV head) cached in HBM; 0: none

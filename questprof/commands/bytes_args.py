@@ -21,6 +21,9 @@ class BytesArgs:
     summary_dtype: str | None = None
     kv_scale: str | None = None
     tp: int | None = None
+    kv_tier: str | None = None  # hbm or host; None: the scenario's grid (so for the next two)
+    summary_tier: str | None = None
+    hbm_pages: int | None = None
     source: str = "cupti"  # cupti, ncu, nvml or all (measure.dram.SOURCES)
     tolerance: float = 0.05  # allowed relative difference: results.BYTES_TOLERANCE
     protocol: str = "rotate"  # CUPTI's cold-cache protocol: rotate or flush (measure.dram)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from questprof.core import model
-from questprof.core.config import ConfigError
+from questprof.core.config import TIER_DEFAULTS, ConfigError
 from questprof.core.scenarios import configs_from_args
 
 RESUME_FREE = frozenset({"e2e", "e2e_budget", "e2e_page_size", "gpus", "fidelity",
@@ -53,6 +53,9 @@ class SweepArgs:
     tp: int | None = None
     e2e_on: bool | None = None  # e2e as sweep_command resolved it on this machine
     budgets_file: str | None = None  # budgets.toml: the Quest step with each layer's budget
+    kv_tier: str | None = None  # hbm or host; None: the scenario's grid (so for the next two)
+    summary_tier: str | None = None
+    hbm_pages: int | None = None
     # the fields named on the command line: over a resumed run's, only these change
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -141,7 +144,8 @@ def _held(first: SweepArgs, name: str) -> str:
         shown = [fmt_tokens(v) if isinstance(v, int) else v for v in values]
         return f"{name.replace('_', ' ')} {','.join(shown)}"
     held = {"kv_dtype": model.kv_dtype(shape), "summary_dtype": model.summary_dtype(shape),
-            "kv_scale": shape.kv_scale or "none", "tp": shape.tp}
+            "kv_scale": shape.kv_scale or "none", "tp": shape.tp,
+            **{k: getattr(configs[0], k) for k in TIER_DEFAULTS}}
     if name in held:
         return f"a run with {name.replace('_', ' ')} {held[name]}"
     value = getattr(first, name)

@@ -40,6 +40,8 @@ def announce(scenario, configs, backend, args, opts, resumed: Path | None) -> No
     if note := grid_note(scenario, args.as_dict()):
         _say(note)
     _say(f"model {scenario.name}: {scenario.model.text()}")
+    if line := tier_line(configs[0], backend):
+        _say(line)
     left = remaining(configs, opts, done_keys(resumed) if resumed else set())
     fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
                                    settings(configs))
@@ -55,6 +57,20 @@ def announce(scenario, configs, backend, args, opts, resumed: Path | None) -> No
     minutes = sweep_seconds(left, backend) / 60
     _say(f"sweep {scenario.name}: {what} on the {timing_backend(backend).name} backend, about "
          f"{max(minutes, 0.1):.1f} min {extras}")
+
+
+def tier_line(cfg, backend) -> str:
+    """What a host-tier run times and models, in one line ('' over HBM)."""
+    if cfg.kv_tier == "hbm":
+        return ""
+    cache = (f", an HBM cache of {cfg.hbm_pages} pages per (request, KV head)" if cfg.hbm_pages
+             else "")
+    where = ("in pinned host memory read over the link" if backend.is_gpu else
+             "on the CPU, where the host is the host: the same work as over HBM, the link "
+             "bytes modelled (core/tier.py)")
+    return (f"tier: K and V pages {where}; summaries in {cfg.summary_tier}{cache}. The pools "
+            f"are random: no step-to-step reuse, every chosen page misses (questprof reuse "
+            f"measures it on a real model)")
 
 
 def skipped_lines(df) -> list[str]:

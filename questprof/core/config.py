@@ -17,6 +17,7 @@ from questprof.core import model
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import KV_SCALES, check_cache_dtypes
 from questprof.core.stages import MODES
+from questprof.core.tier import TIERS
 
 # The page sizes and head dims the kernels are built for (kernels/constants.cuh's QP_PAGE_SIZES and
 # QP_HEAD_DIMS; tests/test_variants.py keeps them equal). Any group q_heads / kv_heads runs: groups
@@ -26,6 +27,7 @@ HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 DTYPES = ("fp16", "bf16", "fp32")
 KV_DTYPES = (*DTYPES, E4M3)  # of the cache; "fp8" is read as fp8_e4m3
 DTYPE_ALIASES = {"fp8": E4M3, "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+TIER_DEFAULTS = {"kv_tier": "hbm", "summary_tier": "hbm", "hbm_pages": 0}
 MAX_VALUES = 10_000  # a range longer than this is a typo (say "1..1m+1"), not a sweep
 
 _NUMBER = re.compile(r"^(\d+)([km]?)$", re.IGNORECASE)
@@ -217,6 +219,22 @@ def check_modes(modes) -> tuple[str, ...]:
     return tuple(dict.fromkeys(modes))
 
 
+def check_tiers(kv_tier: str, summary_tier: str, hbm_pages: int, k_pages: int) -> None:
+    """ConfigError, one line, for tiers that make no sense together (core/tier.py)."""
+    for flag, value in (("--kv-tier", kv_tier), ("--summary-tier", summary_tier)):
+        if value not in TIERS:
+            raise ConfigError(f"{flag} {value!r}: expected one of {', '.join(TIERS)}")
+    if summary_tier == "host" and kv_tier == "hbm":
+        raise ConfigError("--summary-tier host with --kv-tier hbm: summaries on the host would "
+                          "cross the link to choose pages already in HBM (use --kv-tier host)")
+    if hbm_pages and kv_tier == "hbm":
+        raise ConfigError(f"--hbm-pages {hbm_pages}: an HBM page cache serves a cache in host "
+                          f"memory (add --kv-tier host, or leave --hbm-pages out)")
+    if hbm_pages < 0 or 0 < hbm_pages < k_pages:
+        raise ConfigError(f"--hbm-pages {hbm_pages}: a page cache holds at least one step's "
+                          f"{k_pages} chosen pages (0: no page cache, every chosen page crosses)")
+
+
 @dataclass(frozen=True)
 class Config:
     """One point of a grid: every request of the batch holds `length` tokens."""
@@ -228,14 +246,19 @@ class Config:
     budget: int
     mode: str = "per-head"
     seed: int = 0
+    kv_tier: str = "hbm"  # where K and V pages live: hbm or host (core/tier.py)
+    summary_tier: str = "hbm"  # where the page summaries live (host only with kv_tier host)
+    hbm_pages: int = 0  # C pages per (request, KV head) cached in HBM; 0: no page cache
 
     def __post_init__(self) -> None:
-        _check_ints(self, ("length", "batch", "page_size", "budget", "seed"))
+        _check_ints(self, ("length", "batch", "page_size", "budget", "seed", "hbm_pages"))
         if self.length < 1 or self.batch < 1:
             raise ConfigError(f"length {self.length} and batch {self.batch} must be at least 1")
         validate_page_size(self.page_size)
         validate_budget(self.budget, self.page_size)
         check_modes([self.mode])
+        check_tiers(self.kv_tier, self.summary_tier, self.hbm_pages,
+                    model.k_pages(self.budget, self.page_size, self.pages))
 
     @property
     def pages(self) -> int:
@@ -262,6 +285,9 @@ class Config:
             fields = {k: v for k, v in fields.items() if k not in cache}
         if fields.get("tp") == 1:
             del fields["tp"]
+        for name, plain in TIER_DEFAULTS.items():  # keys of HBM-resident runs stay as they were
+            if fields.get(name) == plain:
+                del fields[name]
         return "|".join(f"{k}={v}" for k, v in fields.items())
 
     def _fields(self) -> dict:
@@ -269,7 +295,7 @@ class Config:
         shape.update(kv_dtype=model.kv_dtype(self.model),
                      summary_dtype=model.summary_dtype(self.model))
         point = {k: getattr(self, k) for k in ("length", "batch", "page_size", "budget",
-                                                 "mode", "seed")}
+                                                 "mode", "seed", *TIER_DEFAULTS)}
         return {"model": shape.pop("name"), **shape, **point}
 
     def as_dict(self) -> dict:

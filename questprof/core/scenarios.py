@@ -15,7 +15,8 @@ from pathlib import Path
 
 from questprof import SCENARIOS_DIR
 from questprof.core.config import (DTYPE_ALIASES, DTYPES, Config, ConfigError, ModelShape,
-                                   check_modes, parse_sizes, validate_budget, validate_page_size)
+                                   TIER_DEFAULTS, check_modes, parse_sizes, validate_budget,
+                                   validate_page_size)
 from questprof.core.fp8 import E4M3
 from questprof.core.hf_config import config_path, shape_fields
 from questprof.core.sharding import tensor_parallel
@@ -38,6 +39,9 @@ class Grid:
     budgets: tuple[int, ...]
     modes: tuple[str, ...] = ("per-head",)
     seed: int = 0
+    kv_tier: str = "hbm"  # where the K and V pages live (core/tier.py), so the next two
+    summary_tier: str = "hbm"
+    hbm_pages: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,9 @@ _MODEL_FIELDS = {"name": str, "layers": int, "q_heads": int, "kv_heads": int, "h
 _MODEL_OPTIONAL = {"dense_layers", "intermediate", "vocab", "kv_dtype", "summary_dtype",
                    "kv_scale", "tp"}
 _GRID_FIELDS = {"lengths": "sizes", "batch": "sizes", "page_sizes": "sizes", "budgets": "sizes",
-                "modes": list, "seed": int}
-_GRID_OPTIONAL = {"modes", "seed"}
+                "modes": list, "seed": int, "kv_tier": str, "summary_tier": str,
+                "hbm_pages": int}
+_GRID_OPTIONAL = {"modes", "seed", *TIER_DEFAULTS}
 
 
 def _table(data: dict, name: str, fields, optional, where: str) -> dict:
@@ -218,7 +223,8 @@ def _parse_scenario(data: dict, path: Path, options: ShapeOptions) -> Scenario:
                     page_sizes=_sizes(g["page_sizes"], "grid.page_sizes", where),
                     budgets=_sizes(g["budgets"], "grid.budgets", where),
                     modes=check_modes(scalars.get("modes", ["per-head"])),
-                    seed=scalars.get("seed", 0))
+                    seed=scalars.get("seed", 0),
+                    **{k: scalars.get(k, v) for k, v in TIER_DEFAULTS.items()})
     except ConfigError as exc:
         message = str(exc)
         raise ConfigError(message if message.startswith(where) else f"{where}: {message}") from None
@@ -305,8 +311,9 @@ def _override(value, default, what: str) -> tuple[int, ...]:
 
 
 def expand(scenario: Scenario, lengths=None, batches=None, page_sizes=None, budgets=None,
-           modes=None) -> list[Config]:
-    """Every point of the scenario's grid, with overrides (None = the scenario's values).
+           modes=None, tiers: dict | None = None) -> list[Config]:
+    """Every point of the scenario's grid, with overrides (None = the scenario's values;
+    tiers: kv_tier, summary_tier, hbm_pages, each None for the grid's).
 
     Order: batch, page size, budget, mode, then length fastest (one crossover curve at a time).
     Modes collapse to 'per-head' for MHA, where all modes select the same pages.
@@ -324,7 +331,10 @@ def expand(scenario: Scenario, lengths=None, batches=None, page_sizes=None, budg
     if scenario.model.group == 1:
         modes = ("per-head",)
     points = itertools.product(batches, sizes, budgets, modes, lengths)
-    return [Config(scenario.model, n, b, s, k, m, grid.seed) for b, s, k, m, n in points]
+    tier = {k: getattr(grid, k) if (tiers or {}).get(k) is None else tiers[k]
+            for k in TIER_DEFAULTS}
+    return [Config(scenario.model, n, b, s, k, m, grid.seed, **tier)
+            for b, s, k, m, n in points]
 
 
 def configs_from_args(args: dict):
@@ -337,5 +347,6 @@ def configs_from_args(args: dict):
     scenario = load_scenario(args["scenario"], ShapeOptions.from_args(args))
     modes = args["mode"].split(",") if args.get("mode") else None
     configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
-                     page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes)
+                     page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes,
+                     tiers={k: args.get(k) for k in TIER_DEFAULTS})
     return scenario, configs

@@ -217,3 +217,33 @@ class Flush:
 
     def __call__(self) -> None:
         launch_read(self.buf, self.sink)
+
+
+LINK_BYTES = GIB  # 1 GiB: the H200 box's pinned copy ran at 54.9 GB/s over it (2026-12-01)
+
+
+def measure_link_ceilings(nbytes: int = LINK_BYTES, repeats: int = 10) -> dict:
+    """The host link's ceilings in GB/s (1e9 B/s), for the host tier (core/tier.py):
+    `copy_gbs`, a pinned host-to-device copy of `nbytes` by the copy engine; `zero_copy_gbs`,
+    the read kernel over `nbytes` of mapped pinned host memory, read in place."""
+    import cupy
+
+    from questprof.backends.host_tier import MappedHost, mapped_empty
+
+    host = MappedHost(nbytes)
+    src = host.host_view((nbytes // 4,), np.float32)
+    src[:] = np.random.default_rng(0).standard_normal(src.size, dtype=np.float32)
+    dst = cupy.empty(nbytes // 4, dtype=cupy.float32)
+    stream = cupy.cuda.get_current_stream()
+    copy_ms = median_ms(lambda: cupy.cuda.runtime.memcpyAsync(
+        dst.data.ptr, host.ptr, nbytes, cupy.cuda.runtime.memcpyHostToDevice, stream.ptr),
+        repeats)
+    if not np.array_equal(cupy.asnumpy(dst[-1024:]), src[-1024:]):
+        raise RuntimeError("the pinned copy did not copy its input: the copy ceiling is void")
+    mapped = mapped_empty((nbytes // 4,), np.float32)
+    mapped[...] = dst  # the same values, now in host memory, read in place below
+    sink = cupy.zeros(1, dtype=cupy.float32)
+    read_ms = median_ms(lambda: launch_read(mapped, sink), repeats)
+    del dst, mapped
+    return {"link_bytes": nbytes, "copy_gbs": nbytes / (copy_ms * 1e-3) / 1e9,
+            "zero_copy_gbs": nbytes / (read_ms * 1e-3) / 1e9}

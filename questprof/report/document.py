@@ -24,6 +24,7 @@ import pandas as pd
 from questprof.core import model
 from questprof.core.fp8 import E4M3
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes
+from questprof.report import tier as tier_report
 from questprof.report import fidelity as fidelity_report
 from questprof.report import selectors as selectors_report
 from questprof.report import serving as serving_report
@@ -246,7 +247,11 @@ def _timing_parts(df: pd.DataFrame, meta: dict, pairs: pd.DataFrame, top: str) -
         "cp": _context_parallel(df),
         "machine": meta_table(_as_timed(meta, df), clocks(df)),
     }
-    return [(a, t, LEDES[a], content[a]) for a, t in SECTIONS]
+    parts = [(a, t, LEDES[a], content[a]) for a, t in SECTIONS]
+    if tier_report.has_tier(df):  # before the machine, only where rows ran over the host
+        parts.insert(-1, ("tier", tier_report.TITLE, tier_report.LEDE,
+                          tier_report.section(df, meta)))
+    return parts
 
 
 FIDELITY_ONLY_LEDE = (

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from questprof.core import model
+from questprof.core import model, tier
 from questprof.core.config import ConfigError
 from questprof.core.fp8 import kv_scale, to_e4m3
 from questprof.core.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
@@ -207,8 +207,19 @@ def build_pools(cfg, backend, layers: int, rng) -> tuple[list[PagedKV], tuple]:
                        scales, scales)
         kv = put_tiled(host, tile, offsets) if put_tiled else backend.put(host)
         backend.summary(kv, prefill)
-        kvs.append(kv)
+        kvs.append(_in_tier(cfg, backend, kv))
     return kvs, tables
+
+
+def _in_tier(cfg, backend, kv: PagedKV) -> PagedKV:
+    """kv where cfg's tier keeps it: on a GPU with kv_tier host, K and V (and summaries with
+    summary_tier host) move to mapped pinned host memory, which the same kernels then read
+    over the link; on the CPU the host is the host and nothing moves."""
+    if tier.kv_tier(cfg) == "hbm" or not backend.is_gpu:
+        return kv
+    from questprof.backends.host_tier import host_tier
+
+    return host_tier(kv, summaries=tier.summary_tier(cfg) == "host")
 
 
 class PoolCache:
@@ -221,7 +232,8 @@ class PoolCache:
 
     def get(self, cfg, backend, layers: int, build: Callable[[], tuple]) -> tuple:
         """build()'s value for cfg's pools: kept from the last call or built now."""
-        key = (cfg.model, cfg.length, cfg.batch, cfg.page_size, cfg.seed, layers, id(backend))
+        key = (cfg.model, cfg.length, cfg.batch, cfg.page_size, cfg.seed, layers, id(backend),
+               tier.kv_tier(cfg), tier.summary_tier(cfg))
         if key != self.key:
             self.key = self.value = None  # the old pools go before the new ones' memory check
             self.value, self.key = build(), key

@@ -1,0 +1,143 @@
+"""`questprof reuse`: how many pages Quest's selection shares from one decode step to the next
+on a real model, and the miss rate of a C-page HBM cache replaying it (fidelity/reuse.py), as
+result rows; with the byte model's link bytes of sparse attention at that miss rate.
+
+One row per (page size, budget, mode, layer, C); layer None sums the layers >= dense_layers
+(its link bytes: every such layer's, one decode step).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+from questprof.commands.reuse_args import ReuseArgs
+from questprof.core.config import Config, ConfigError, ModelShape, check_modes, parse_sizes
+from questprof.core.model import k_pages
+from questprof.core.tier import tier_bytes
+
+CAPACITY_FACTORS = (1, 2, 4)  # C = K, 2K, 4K pages when --hbm-pages is not given
+
+
+def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
+    """(S, budget, mode, capacities) to measure; ConfigError for bad input, in one line."""
+    if args.steps < 2:
+        raise ConfigError(f"--steps {args.steps}: reuse needs at least 2 decode steps")
+    if args.prompts < 1:
+        raise ConfigError(f"--prompts {args.prompts} must be at least 1")
+    modes = check_modes(args.mode.split(","))
+    out = []
+    for s, b, m in itertools.product(parse_sizes(args.page_size, "page sizes"),
+                                     parse_sizes(args.budget, "budgets"), modes):
+        k = k_pages(b, s)
+        if b % s:
+            raise ConfigError(f"budget {b} tokens is not a whole number of {s}-token pages")
+        caps = (tuple(parse_sizes(args.hbm_pages, "hbm pages")) if args.hbm_pages else
+                tuple(f * k for f in CAPACITY_FACTORS))
+        if min(caps) < k:
+            raise ConfigError(f"--hbm-pages {min(caps)}: a page cache holds at least one "
+                              f"step's {k} chosen pages (budget {b}, page size {s})")
+        out.append((s, b, m, caps))
+    return out
+
+
+def captures(args: ReuseArgs, log):
+    """Captures of `prompts` passkey prompts of `length` tokens, `steps` decode steps each."""
+    from questprof.fidelity import prompts
+    from questprof.fidelity.model_run import capture
+    from questprof.fidelity.models import load_model
+    from questprof.fidelity.threads import one_thread
+
+    loaded = load_model(args.model, args.seed)
+    if loaded.tokenizer is None:
+        raise ConfigError(f"--model {args.model}: reuse needs a real model's passkey answers")
+    length = parse_sizes(args.length, "length")[0]
+    batch = prompts.passkeys(loaded.tokenizer, length, prompts.spread_depths(args.prompts),
+                             args.seed)
+    log(f"{loaded.name}: {args.prompts} passkey prompt(s) of {length} tokens, "
+        f"{args.steps} decode steps")
+    with one_thread():
+        captured = capture(loaded, batch, args.steps, "passkey")
+    return loaded.name, captured.captures
+
+
+def _shape(name: str, cap) -> ModelShape:
+    return ModelShape(name, cap.layers, cap.q_heads, cap.kv_heads, cap.head_dim, "fp16",
+                      dense_layers=0)
+
+
+def _row(meta: dict, cfg: Config, layer, got, capacity: int, heads: int) -> dict:
+    """One row: the counts, and sparse attention's link bytes per layer (the batch at its
+    length) by the byte model at the miss rate measured, beside those without a cache."""
+    miss = got.miss_rate(capacity)
+    union = got.pages / heads if cfg.mode == "per-head" and cfg.model.group > 1 else None
+    link = tier_bytes(cfg, miss, union_pages=union)["attention"].link
+    bare = tier_bytes(replace(cfg, hbm_pages=0), union_pages=union)["attention"].link
+    return {**meta, "page_size": cfg.page_size, "budget": cfg.budget, "k_pages": cfg.k_pages,
+            "mode": cfg.mode, "layer": layer, "hbm_pages": capacity, "pages_read": got.pages,
+            "overlap": got.overlap, "misses": got.misses[capacity], "miss_rate": miss,
+            "link_bytes_model": link, "link_bytes_no_cache": bare}
+
+
+def reuse_rows(name: str, caps: list, args: ReuseArgs, backend) -> list[dict]:
+    """Every row of the captures (one length), layers >= dense_layers and their sum."""
+    from questprof.fidelity.reuse import Reuse, layer_reuse
+
+    cap = caps[0]
+    shape = _shape(name, cap)
+    heads = (cap.steps - 1) * len(caps) * cap.kv_heads  # (request, KV head) x counted steps
+    meta = {"kind": "reuse", "model": name, "source": "passkey", "length": cap.length,
+            "prompts": len(caps), "steps": cap.steps, "dense_layers": args.dense_layers,
+            "q_heads": cap.q_heads, "kv_heads": cap.kv_heads, "head_dim": cap.head_dim}
+    rows = []
+    for s, b, m, caps_c in settings(args):
+        cfg = Config(shape, cap.length, len(caps), s, b, m, kv_tier="host", hbm_pages=max(caps_c))
+        per_layer = {layer: layer_reuse(caps, layer, s, b, m, caps_c, backend)
+                     for layer in range(args.dense_layers, cap.layers)}
+        every = Reuse(sum(r.pages for r in per_layer.values()),
+                      sum(r.kept for r in per_layer.values()),
+                      {c: sum(r.misses[c] for r in per_layer.values()) for c in caps_c})
+        for c in caps_c:
+            cfg_c = replace(cfg, hbm_pages=c)
+            rows += [_row(meta, cfg_c, layer, got, c, heads) for layer, got in per_layer.items()]
+            row = _row(meta, cfg_c, None, every, c, heads * len(per_layer))
+            row["link_bytes_model"] *= len(per_layer)  # every layer's, the step's sum
+            row["link_bytes_no_cache"] *= len(per_layer)
+            rows.append(row)
+    return rows
+
+
+def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list[dict]]:
+    """The whole `questprof reuse`: rows to a results directory; returns it and the rows."""
+    from datetime import datetime
+
+    from questprof.backends import get_backend
+    from questprof.core.machine import git_fields, machine_info
+    from questprof.results import ResultsWriter, now
+
+    settings(args)  # bad input: one line before the model loads
+    backend = get_backend(args.backend)
+    name, caps = captures(args, log)
+    if args.dense_layers >= caps[0].layers:
+        raise ConfigError(f"--dense-layers {args.dense_layers}: {name} has "
+                          f"{caps[0].layers} layers")
+    rows = reuse_rows(name, caps, args, backend)
+    target = Path(out_dir or Path("reports") / f"reuse-{datetime.now():%Y%m%d-%H%M%S}")
+    meta = {"command": " ".join(["questprof", *argv]), "kind": "reuse", "started": now(),
+            "backend": backend.name, "args": args.__dict__, "machine": machine_info(),
+            **git_fields(),
+            "answers": [c.info.get("generated", "") for c in caps]}
+    with ResultsWriter(target, meta) as writer:
+        writer.extend(rows)
+    return target, rows
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """The rows over all layers, as the command line prints them."""
+    return [{"S": r["page_size"], "budget": r["budget"], "K": r["k_pages"], "mode": r["mode"],
+             "C": r["hbm_pages"], "overlap": f"{r['overlap']:.3f}",
+             "miss rate": f"{r['miss_rate']:.3f}",
+             "link MB/step": f"{r['link_bytes_model'] / 1e6:.3f}",
+             "no cache MB": f"{r['link_bytes_no_cache'] / 1e6:.3f}"}
+            for r in rows if r["layer"] is None]
