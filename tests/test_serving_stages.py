@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from questprof.serving.paged_attention import Decode, HostDecode, PageSummaries
 from questprof.serving.stages_decode import StagesDecode
 
-SIZE, KV_HEADS, Q_HEADS, D = 8, 2, 4, 16
+SIZE, KV_HEADS, Q_HEADS, D = 8, 2, 4, 64  # D: a head dim the kernels build
 
 
 def _items(dtype, device, lengths=(1, SIZE - 1, SIZE, SIZE + 1, 5 * SIZE + 3)):
