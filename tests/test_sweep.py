@@ -220,3 +220,15 @@ def test_quest_bytes_are_the_sum_of_its_stages():
                    "bytes_source": "cupti-sum"}
     del parts["topk"]
     assert sweep._summed_bytes(parts) == {}
+
+
+def test_over_the_host_tier_the_peers_are_skipped_rows_that_say_why(tmp_path, smoke):
+    """torch SDPA reads a cache of its own in HBM: beside host-tier rows it would compare HBM
+    with the link (it did on the H200, 2026-12-02: 37 us against our 2,624 us over the link)."""
+    from questprof.core import tier
+
+    point = dataclasses.replace(configs(smoke, lengths="256", budgets="64")[0], kv_tier="host")
+    rows = sweep.run_sweep(smoke, [point], NumpyBackend(), tmp_path, **fast(peers=True))
+    sdpa = [r for r in rows if r["impl"] == sweep.SDPA]
+    assert [(r["status"], r["reason"]) for r in sdpa] == [("skipped", tier.PEERS_REASON)]
+    assert {r["status"] for r in rows if r["impl"] == "ours"} == {"ok"}

@@ -16,7 +16,7 @@ import functools
 import tomllib
 
 from questprof import SCENARIOS_DIR
-from questprof.core import model
+from questprof.core import model, tier
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.stages import ROW_STAGES
 from questprof.commands.bench_args import BenchArgs
@@ -101,7 +101,11 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
         from questprof.commands.bench_selectors import selector_rows
         rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
             **_row(cfg, s, impl, t, w, ceiling, layers, backend), **extra})
-    if with_peers:
+    if with_peers and tier.kv_tier(cfg) == "host":
+        rows += [make_row(cfg, s, scenario="bench", backend=backend.name, impl=impl,
+                          layers=layers, status="skipped", reason=tier.PEERS_REASON)
+                 for s, impl in PEERS]
+    elif with_peers:
         rows += [_row(cfg, s, impl, time(work.launcher(impl), True), work.work(s), ceiling,
                       layers, backend) for s, impl in PEERS]
         rows += _flashinfer_rows(cfg, work, time, ceiling, layers, backend)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from questprof.core import model
+from questprof.core import model, tier
 from questprof.core.stages import ROW_STAGES
 from questprof.results import OURS, ResultsWriter, done_keys, make_row
 from questprof.workload.pools import (PoolCache, Workload, fit_need, is_out_of_memory,
@@ -231,8 +231,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
         if dense_budget and stage in model.QUEST_STAGES:
             yield row(stage, impl, status="skipped", reason=DENSE_REASON)
             continue
-        if impl != OURS and opts.peers_skipped:
-            yield row(stage, impl, status="skipped", reason=opts.peers_skipped)
+        if impl != OURS and (opts.peers_skipped or tier.kv_tier(cfg) == "host"):
+            yield row(stage, impl, status="skipped", reason=opts.peers_skipped or tier.PEERS_REASON)
             continue
         table = opts.budget_table is not None and (stage, impl) == ("quest", OURS)
         runs = "dense" if dense_budget and stage == "quest" and not table else stage

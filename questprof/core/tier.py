@@ -29,6 +29,10 @@ from questprof.core import model
 
 TIERS = ("hbm", "host")
 FETCHES = ("zero-copy", "gather")
+# Why the peers (torch SDPA, FlashInfer) have no rows over the host tier: they read caches of
+# their own in HBM, so beside our host-tier rows they would compare HBM with the link.
+PEERS_REASON = ("the peers read their own caches in HBM; over the host tier only our kernels "
+                "read host memory (dense over the host tier is our dense row)")
 NO_REUSE = 1.0  # the miss rate where nothing is measured: random pools have no step-to-step reuse
 
 
