@@ -237,7 +237,8 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
         try:
             case = run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers,
                             read_ms, (selectors or {}).get(cfg.key(), ()))
-        except Exception as exc:  # a case that does not fit is skipped rows, not a lost run
+        except (MemoryError, RuntimeError) as exc:  # a case that does not fit (CuPy's OOM is a
+            # MemoryError, torch's and CUDA's a RuntimeError) is skipped rows, not a lost run
             if not is_out_of_memory(exc):
                 raise
             release(backend)

@@ -198,7 +198,8 @@ def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
     """(Workload, None), or (None, why) when the pools do not fit in memory."""
     try:
         return Workload(cfg, backend, layers, pools), None
-    except Exception as exc:
+    except (MemoryError, RuntimeError) as exc:  # CuPy's OOM is a MemoryError; DoesNotFit, torch's
+        # and a CUDA allocation failure are RuntimeErrors; any other reaches the caller
         if not is_out_of_memory(exc):
             raise
         why = (str(exc) if type(exc).__name__ == "DoesNotFit"
@@ -240,7 +241,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
         try:
             timing, got = state.shared.get(key) or _measure(work, runs, impl, opts,
                                                             flashinfer, state)
-        except Exception as exc:
+        except Exception as exc:  # deliberately any: FlashInfer fails its own way (its words are
+            # the skipped row's reason); of ours only out of memory is a row, the rest re-raised
             why = _skip_reason(stage, impl, exc)
             if why is None:
                 raise

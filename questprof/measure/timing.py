@@ -44,14 +44,14 @@ class Timing:
 
 
 def _clocks() -> dict | None:
-    """NVML clocks and throttle reasons now, None without NVML (never raises)."""
+    """NVML clocks and throttle reasons now, None without NVML or when an NVML call fails."""
     from questprof.measure import nvml
 
     if not nvml.available()[0]:
         return None
     try:
         return nvml.snapshot()
-    except Exception:  # deliberately any: the clocks are context, and must never fail a timing
+    except nvml.NvmlError:  # any NVML status: the clocks are context, never fail a timing
         return None
 
 
