@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from questprof.measure import nvml
+
 CLOCK_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "throttled")
 
 
@@ -45,8 +47,6 @@ class Timing:
 
 def _clocks() -> dict | None:
     """NVML clocks and throttle reasons now, None without NVML or when an NVML call fails."""
-    from questprof.measure import nvml
-
     if not nvml.available()[0]:
         return None
     try:
