@@ -107,7 +107,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_the_reader_sees_imports_inside_functions_and_relative_ones():
-    assert "questprof.core.machine" in GRAPH["questprof.cli"]  # imported inside doctor()
+    assert "questprof.commands.sweep_job" in GRAPH["questprof.cli"]  # imported inside sweep()
     assert "questprof.report.frames" in GRAPH["questprof.report.document"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
