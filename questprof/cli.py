@@ -15,8 +15,9 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
+from rich.table import Table
 
-from questprof import console
+from questprof import __version__, console
 from questprof.backends import BackendUnavailable
 from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
@@ -24,8 +25,10 @@ from questprof.commands.fidelity_args import FidelityArgs
 from questprof.commands.reuse_args import ReuseArgs
 from questprof.commands.render import write_report
 from questprof.commands.serve_args import ServeArgs
+from questprof.commands.sweep_args import SweepArgs
 from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
+from questprof.core.machine import doctor_rows, git_fields
 
 app = typer.Typer(help="Profile Quest (query-aware sparse attention) stage by stage on a GPU.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -36,8 +39,6 @@ def _version(show: bool) -> None:
     """--version: questprof's version and, in a git checkout, its commit."""
     if not show:
         return
-    from questprof import __version__
-    from questprof.core.machine import git_fields
 
     commit, _, dirty = (git_fields()["git_commit"] or "").partition("+")
     said = f" (commit {commit[:7]}{', with changes' if dirty else ''})" if commit else ""
@@ -167,7 +168,6 @@ def sweep(
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}
     from questprof.commands import sweep_job
-    from questprof.commands.sweep_args import SweepArgs
 
     args = SweepArgs.from_options(**options)  # None: not given
     target = sweep_job.sweep_command(args, out_dir, resume, sys.argv[1:])
@@ -178,10 +178,6 @@ def sweep(
 @app.command()
 def doctor() -> None:
     """What this machine can measure: GPU, driver, CuPy, CUPTI, ncu, NVML, torch, FlashInfer."""
-    from rich.table import Table
-
-    from questprof.core.machine import doctor_rows
-
     table = Table(title="questprof doctor", title_justify="left")
     for col in ("item", "status", "version or reason"):
         table.add_column(col)

@@ -83,7 +83,7 @@ def test_no_source_gives_distinct_status_and_one_line():
 
 
 def test_run_check_without_gpu_returns_no_source(monkeypatch):
-    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no CUDA device")
+    monkeypatch.setattr(bytes_cmd, "gpu_unavailable_reason", lambda: "no CUDA device")
     cfg = smoke_config()
     for source in ("cupti", "ncu", "nvml", "all"):
         result = bytes_cmd.run_check([cfg], source)
@@ -231,8 +231,8 @@ def test_a_failing_source_is_one_line_and_the_others_still_run(monkeypatch):
     """bytes --source all stopped with a traceback when CUPTI failed to configure."""
     monkeypatch.setattr(bytes_cmd, "source_status",
                         lambda source: {"cupti": None, "ncu": None, "nvml": "no GPM here"})
-    monkeypatch.setattr("questprof.backends.get_backend", lambda name: object())
-    monkeypatch.setattr("questprof.measure.ceilings.Flush", lambda: None)
+    monkeypatch.setattr(bytes_cmd, "get_backend", lambda name: object())
+    monkeypatch.setattr(bytes_cmd, "Flush", lambda: None)
     monkeypatch.setattr("questprof.measure.cupti.release", lambda: None)
 
     def measure(src, configs, backend, flush, naive, protocol, log):

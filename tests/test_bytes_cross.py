@@ -42,10 +42,10 @@ def check_all(monkeypatch, cupti_rows, ncu_rows):
     """run_check(--source all) with CUPTI and ncu giving these rows (GPM not available)."""
     monkeypatch.setattr(bytes_cmd, "source_status",
                         lambda source: {"cupti": None, "ncu": None, "nvml": "no GPM here"})
-    monkeypatch.setattr("questprof.backends.get_backend", lambda name: object())
-    monkeypatch.setattr("questprof.measure.ceilings.Flush", lambda: None)
+    monkeypatch.setattr(bytes_cmd, "get_backend", lambda name: object())
+    monkeypatch.setattr(bytes_cmd, "Flush", lambda: None)
     monkeypatch.setattr("questprof.measure.cupti.release", lambda: None)
-    monkeypatch.setattr("questprof.workload.pools.check_cache", lambda shape, backend: None)
+    monkeypatch.setattr(bytes_cmd, "check_cache", lambda shape, backend: None)
     given = {"cupti": cupti_rows, "ncu": ncu_rows}
     monkeypatch.setattr(bytes_cmd, "_measure_source",
                         lambda src, *args: ([dict(r) for r in given[src]], []))

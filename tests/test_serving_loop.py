@@ -131,7 +131,7 @@ def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, mo
             raise ConfigError("the second run failed")
         return real(model, requests, policy, settings)
 
-    monkeypatch.setattr(loop, "serve", second_fails)
+    monkeypatch.setattr(serve_run, "serve", second_fails)  # where serve_run calls it
     out = tmp_path / "out"
     result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
                  "--requests", 2, "--output", 3, "--budget", 32, "--out", out)

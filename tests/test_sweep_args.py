@@ -11,7 +11,6 @@ from questprof import ROOT, results
 from questprof.cli import app
 from questprof.commands import sweep
 from questprof.commands.sweep_args import SweepArgs, resolve_args
-from questprof.measure import timing
 
 FAST = ["--repeats", "2", "--warmup", "0", "--backend", "numpy"]
 # meta.json's 'args' keys, in order, as the committed examples hold them (before SweepArgs)
@@ -86,7 +85,7 @@ def old_style(meta_path) -> dict:
 
 
 def test_an_old_style_args_dict_still_resumes(tmp_path, monkeypatch):
-    out, real, calls = tmp_path / "run", timing.time_layers, []
+    out, real, calls = tmp_path / "run", sweep.time_layers, []
 
     def interrupt_on_fourth(*args, **kwargs):
         calls.append(1)
@@ -94,11 +93,11 @@ def test_an_old_style_args_dict_still_resumes(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(timing, "time_layers", interrupt_on_fourth)
+    monkeypatch.setattr(sweep, "time_layers", interrupt_on_fourth)
     first = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--budget", "256",
                 "--out", out, *FAST)
     assert first.exit_code == 130, first.output
-    monkeypatch.setattr(timing, "time_layers", real)
+    monkeypatch.setattr(sweep, "time_layers", real)
     saved = old_style(out / results.META)
     resumed = resolve_args(out, SweepArgs.from_options(e2e_budget=512, graph=True))
     assert (resumed.scenario, resumed.lengths, resumed.budget, resumed.repeats) == (

@@ -91,9 +91,7 @@ def test_cpu_sweep_times_the_fp32_path_and_says_so(tmp_path, cache):
 
 def test_a_resume_announces_only_the_work_left(tmp_path, monkeypatch):
     """A resume announced the whole job, and a resume of a finished run still announced work."""
-    from questprof.measure import timing
-
-    out, real, calls = tmp_path / "run", timing.time_layers, []
+    out, real, calls = tmp_path / "run", sweep.time_layers, []
 
     def interrupt_on_seventh(*args, **kwargs):
         calls.append(1)
@@ -101,11 +99,11 @@ def test_a_resume_announces_only_the_work_left(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(timing, "time_layers", interrupt_on_seventh)
+    monkeypatch.setattr(sweep, "time_layers", interrupt_on_seventh)
     first = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k,8k",
                                      "--backend", "numpy", "--out", str(out)])
     assert first.exit_code == 130 and "sweep smoke: 3 configurations on the" in first.stderr
-    monkeypatch.setattr(timing, "time_layers", real)
+    monkeypatch.setattr(sweep, "time_layers", real)
     resumed = CliRunner().invoke(app, ["sweep", "--resume", str(out)])
     assert resumed.exit_code == 0, resumed.output
     assert f"sweep smoke: 2 of 3 configurations left in {out} on the numpy-fp32 backend, " \

@@ -13,16 +13,28 @@ the fastest dense of the case, ours, torch SDPA or FlashInfer (`dense_impl` name
 from __future__ import annotations
 
 import functools
+import json
+from dataclasses import replace
+from datetime import datetime
+from pathlib import Path
+
 import tomllib
 
-from questprof import SCENARIOS_DIR
+from questprof import SCENARIOS_DIR, console
+from questprof.backends import get_backend
+from questprof.commands.bench_args import BenchArgs
+from questprof.commands.bench_selectors import selector_rows, selectors_of
 from questprof.core import model, tier
 from questprof.core.config import Config, ConfigError, ModelShape
+from questprof.core.machine import git_fields, machine_info
 from questprof.core.stages import ROW_STAGES
-from questprof.commands.bench_args import BenchArgs
-from questprof.results import OURS, make_row
-from questprof.workload.flashinfer import IMPL as FLASHINFER
-from questprof.workload.pools import check_cache, is_out_of_memory, release
+from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
+from questprof.measure.timing import time_layers
+from questprof.results import OURS, ResultsWriter, make_row, now
+from questprof.workload import flashinfer as fi
+from questprof.workload.flashinfer import IMPL as FLASHINFER, missing_reason
+from questprof.workload.pools import (Workload, check_cache, free_bytes, is_out_of_memory, l2_bytes,
+                                      release)
 
 BENCH_FILE = SCENARIOS_DIR / "bench.toml"
 POOL_FRACTION = 0.4  # our pools per case; the torch peers' contiguous caches take as much
@@ -63,16 +75,12 @@ def _case(models: dict, case: dict, mode: str, path) -> Config:
 
 def with_tiers(cfg, args: BenchArgs) -> Config:
     """A case with the command line's tiers (Config checks them: a ConfigError line)."""
-    from dataclasses import replace
-
     return replace(cfg, kv_tier=args.kv_tier, summary_tier=args.summary_tier,
                    hbm_pages=args.hbm_pages)
 
 
 def _layers(cfg, backend) -> int:
     """Layers of a cold pass within POOL_FRACTION of free memory (peers need as much again)."""
-    from questprof.workload.pools import free_bytes, l2_bytes
-
     return model.cold_layers(cfg, l2_bytes(), POOL_FRACTION * (free_bytes(backend) or 0))
 
 
@@ -87,9 +95,6 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
              with_peers: bool = True, read_ms=None, selectors=()) -> list[dict]:
     """All rows of one case: ours per stage and the pipeline, the `selectors`' kernel forms
     (commands/bench_selectors.py), then the peers."""
-    from questprof.measure.timing import time_layers
-    from questprof.workload.pools import Workload, release
-
     layers = _layers(cfg, backend)
     work = Workload(cfg, backend, layers)
     time = lambda launch, torch=False: time_layers(  # noqa: E731
@@ -98,7 +103,6 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
     if selectors and not cfg.is_dense_budget:
-        from questprof.commands.bench_selectors import selector_rows
         rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
             **_row(cfg, s, impl, t, w, ceiling, layers, backend), **extra})
     if with_peers and tier.kv_tier(cfg) == "host":
@@ -124,8 +128,6 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
 def _flashinfer_rows(cfg, work, time, ceiling, layers, backend) -> list[dict]:
     """FlashInfer's rows of a case (workload.flashinfer.STAGES): timed, or skipped with the
     reason, one line: not installed, or a shape it refuses in its own words."""
-    from questprof.workload import flashinfer as fi
-
     def skipped(stage: str, exc: BaseException) -> dict:
         return make_row(cfg, stage, scenario="bench", backend=backend.name, impl=fi.IMPL,
                         layers=layers, status="skipped", reason=fi.refusal(exc))
@@ -230,10 +232,6 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
     """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch.
     on_case(ceilings, rows) gets each case's rows as soon as they are measured (to disk);
     selectors: config key -> the selectors of that case (bench_selectors.selectors_of)."""
-    from questprof.backends import get_backend
-    from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
-    from questprof.workload.pools import l2_bytes
-
     backend = get_backend("cupy")
     ceilings = measure_ceilings(backend)
     ladder = read_ladder(backend, l2_bytes(), repeats=repeats)  # before any pool comes and goes
@@ -249,7 +247,8 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
         try:
             case = run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers,
                             read_ms, (selectors or {}).get(cfg.key(), ()))
-        except Exception as exc:  # a case that does not fit is skipped rows, not a lost run
+        except (MemoryError, RuntimeError) as exc:  # a case that does not fit (CuPy's OOM is a
+            # MemoryError, torch's and CUDA's a RuntimeError) is skipped rows, not a lost run
             if not is_out_of_memory(exc):
                 raise
             release(backend)
@@ -263,9 +262,6 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
 
 
 def _meta(command: str, ceilings: dict, goal_list: list[dict]) -> dict:
-    from questprof.core.machine import git_fields, machine_info
-    from questprof.results import now
-
     return {"scenario": "bench", "command": command, "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": "cupy",
             "ceilings": ceilings, "goals": goal_list}
@@ -273,8 +269,6 @@ def _meta(command: str, ceilings: dict, goal_list: list[dict]) -> dict:
 
 def _print(rows: list[dict], goal_list: list[dict]) -> None:
     import pandas as pd
-
-    from questprof import console
 
     df = pd.DataFrame(rows)
     df["us"] = df["median_ms"] * 1e3
@@ -296,13 +290,6 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
 
 def bench_command(args: BenchArgs, out_dir, argv) -> object:
     """The whole `questprof bench`: rows to a results directory (and rows.json); returns it."""
-    import json
-    from datetime import datetime
-    from pathlib import Path
-
-    from questprof.backends import get_backend
-    from questprof.results import ResultsWriter
-
     cases_file = Path(args.cases or BENCH_FILE)
     if not cases_file.is_file():
         raise ConfigError(f"bench file {cases_file} not found")
@@ -310,7 +297,6 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, args.quick)
     cases = [with_tiers(cfg, args) for cfg in cases]  # one line for tiers that make no sense
-    from questprof.commands.bench_selectors import selectors_of
     named = selectors_of(cases_file)  # one line for a name without a kernel form
     backend = get_backend("cupy")  # one clear line and exit 2 without a GPU
     for cfg in cases:  # a cache dtype the kernels do not run yet: one line before any work
@@ -345,14 +331,10 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
 def _peers_here(asked: bool) -> bool:
     """Whether the peers are timed: asked for, and torch sees a GPU (said when it does not);
     FlashInfer missing is said in one line (its rows are skipped rows)."""
-    from questprof import console
-
     if asked and not _torch_gpu():
         console.warn("torch with CUDA is not importable here: the torch peers are not timed")
         return False
     if asked:
-        from questprof.workload.flashinfer import missing_reason
-
         if (why := missing_reason()) is not None:
             console.warn(f"FlashInfer's rows are skipped: {why}")
     return asked

@@ -18,6 +18,7 @@ import numpy as np
 from questprof.core import selectors
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.layout import append_plan
+from questprof.measure import cupti, dram
 
 STAGES = ("estimate", "topk", "attention", "quest")
 
@@ -65,8 +66,6 @@ def pages_read(picks, group: int) -> dict:
 
 @functools.cache
 def _cupti_reason() -> str | None:
-    from questprof.measure import cupti
-
     ok, why = cupti.available()
     return None if ok else why
 
@@ -75,8 +74,6 @@ def _measured(launch, calls: int, median_ms: float | None) -> dict:
     """CUPTI's read / write bytes per call of launch(layer) over a cold rotation, or why none."""
     why = _cupti_reason()
     if why is None:
-        from questprof.measure import dram
-
         try:
             read, write = dram.stage_bytes("cupti", launch, calls,
                                            pass_ms=(median_ms or 0) * calls or None)

@@ -13,13 +13,22 @@ from __future__ import annotations
 import math
 from dataclasses import asdict
 
+from questprof import console
+from questprof.backends import get_backend, gpu_unavailable_reason
 from questprof.commands.bytes_args import BytesArgs
-from questprof.commands.bytes_verdict import (MIN_JUDGED_BYTES, TOLERANCE, CheckResult,
-                                              conclude, label, verdict)
+from questprof.commands.bytes_verdict import (CheckResult, EXIT_NO_SOURCE, MIN_JUDGED_BYTES,
+                                              TOLERANCE, conclude, label, table, verdict)
 from questprof.core import model
+from questprof.core.config import ConfigError
+from questprof.core.machine import git_fields, machine_info
+from questprof.core.scenarios import configs_from_args
 from questprof.core.stages import ROW_STAGES
+from questprof.measure import ceilings, cupti, dram, ncu, nvml
+from questprof.measure.ceilings import Flush
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
-from questprof.results import OURS, make_row
+from questprof.results import OURS, ResultsWriter, make_row, now
+from questprof.workload.peers import gathered_bytes
+from questprof.workload.pools import Workload, check_cache, l2_bytes
 
 STAGES = ROW_STAGES
 NAIVE = "torch-gather"
@@ -30,8 +39,6 @@ MAX_LAYERS = 64  # pools of one rotation at most
 def rotate_bytes() -> int:
     """Bytes a rotation pass reads at least: the cold-pass rule (core.model.COLD_FACTOR x the
     device's L2; at 4x an H200 still served 1.3-2.5% of estimate's summaries from L2)."""
-    from questprof.workload.pools import l2_bytes
-
     return model.COLD_FACTOR * l2_bytes()
 CALIBRATION_BYTES = 2 << 30
 
@@ -49,8 +56,6 @@ def rotation_layers(cfg, free_bytes: float) -> int:
 
 def ncu_bytes(cfg, stages) -> dict[str, tuple[float, float]]:
     """(read, write) per stage from one ncu child replaying `cfg` (workload.ncu_child)."""
-    from questprof.measure import cupti, ncu
-
     cupti.release()
     job = {"kind": "stages", "config": cfg.as_dict(), "stages": list(stages)}
     groups = ncu.split_by_marker(ncu.profile(job, entry=NCU_ENTRY), "ceilings_read")
@@ -62,9 +67,6 @@ def ncu_bytes(cfg, stages) -> dict[str, tuple[float, float]]:
 
 def source_status(source: str) -> dict[str, str | None]:
     """Each asked source (cupti, ncu, nvml or all) -> None when usable, else why not."""
-    from questprof.backends import gpu_unavailable_reason
-    from questprof.measure import cupti, ncu, nvml
-
     asked = SOURCES if source == "all" else (source,)
     if any(s not in SOURCES for s in asked):
         raise ValueError(f"unknown byte source {source!r}: expected cupti, ncu, nvml or all")
@@ -86,8 +88,6 @@ def _calibration_row(source: str, modelled: int, read, write, note=None) -> dict
 def calibrate(sources, flush, tolerance: float = TOLERANCE):
     """A read kernel of known bytes through each source (rows), and GPM's calibration
     (measure.nvml.GpmCalibration) when nvml is among them, else None."""
-    from questprof.measure import ceilings, cupti, dram, ncu
-
     x = ceilings.random_buffer(CALIBRATION_BYTES)
     read = lambda: ceilings.launch_read(x, flush.sink)  # noqa: E731
     rows, gpm = [], None
@@ -120,8 +120,6 @@ def _workload(cfg, backend, source: str, protocol: str):
     (top-K over copies of its scores), else two layers (the flush read keeps calls cold)."""
     import cupy
 
-    from questprof.workload.pools import Workload
-
     rotate = source == "cupti" and protocol == "rotate"
     layers = rotation_layers(cfg, cupy.cuda.runtime.memGetInfo()[0]) if rotate else 2
     work = Workload(cfg, backend, layers)
@@ -133,8 +131,6 @@ def _workload(cfg, backend, source: str, protocol: str):
 
 def _measured(work, source: str, keys, flush, gpm, protocol: str) -> dict:
     """{(stage, impl): (read, write, why not a byte count or None)} through one source."""
-    from questprof.measure import dram
-
     name = lambda k: k[1] if k[1] != OURS else k[0]  # noqa: E731 - the launcher's name
     if source == "ncu":
         got = ncu_bytes(work.cfg, [name(k) for k in keys])
@@ -191,8 +187,6 @@ def _note_short_rotations(rows: list[dict], work) -> None:
 
 def _name_naive(row: dict, work) -> None:
     """Say how much more the naive peer reads and writes than our sparse attention."""
-    from questprof.workload.peers import gathered_bytes
-
     if row["measured_read_bytes"] is None:  # GPM gave no byte count: its note says why
         return
     gathered = gathered_bytes(work.cfg, work.backend.to_host(work.selections[0][0]))
@@ -216,10 +210,6 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
     if not usable:
         status, lines = verdict([], tolerance, sources)
         return CheckResult([], [], status, lines, sources)
-    from questprof.backends import get_backend
-    from questprof.measure import cupti
-    from questprof.measure.ceilings import Flush
-    from questprof.workload.pools import check_cache
 
     backend, flush = get_backend("cupy"), Flush()
     for cfg in configs:  # a cache dtype the kernels do not run yet: one line before any work
@@ -257,11 +247,6 @@ def _measure_source(src, configs, backend, flush, naive, protocol, log):
 
 def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     """The whole `questprof bytes`: measure, print, write; returns the exit status."""
-    from questprof import console
-    from questprof.commands.bytes_verdict import EXIT_NO_SOURCE, table
-    from questprof.core.scenarios import configs_from_args
-    from questprof.core.config import ConfigError
-
     if args.source not in (*SOURCES, "all"):
         raise ConfigError(f"--source {args.source!r}: expected cupti, ncu, nvml or all")
     if args.protocol not in PROTOCOLS:
@@ -274,9 +259,6 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     if json_out is not None:
         json_out.write_text(result.to_json(), encoding="utf-8")
     if out_dir is not None and result.rows:
-        from questprof.core.machine import git_fields, machine_info
-        from questprof.results import ResultsWriter, now
-
         meta = {"scenario": args.scenario, "command": " ".join(["questprof", *argv]),
                 "started": now(), **git_fields(), "machine": machine_info(),
                 "backend": "cupy", "bytes": {"sources": result.sources, "rho": result.rho,

@@ -9,14 +9,22 @@ rank's times, the cheap variant's miss rate and the bytes per GPU into rows.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 
 import numpy as np
+import queue as queues
 
+from questprof.backends import get_backend
 from questprof.core import model
 from questprof.core import sharding as cp
-from questprof.results import append_rows, make_row
+from questprof.core.config import Config, parse_sizes
+from questprof.core.scenarios import load_scenario
+from questprof.results import append_rows, make_row, read_rows
+from questprof.workload import parallel_step as ps
+from questprof.workload.parallel_step import global_tables, single_gpu
+from questprof.workload.pools import release, sim_layers
 
 SINGLE = "single_gpu_step"
 
@@ -25,10 +33,6 @@ def run_rank(rank: int, world: int, configs: list, dist_backend: str, port: int,
              timing: dict, layers: int | None, result_queue) -> None:
     """Entry point of one rank: per configuration, build and time; put (rank, index, result)."""
     import torch.distributed as dist
-
-    from questprof.backends import get_backend
-    from questprof.workload import parallel_step as ps
-    from questprof.workload.pools import release, sim_layers
 
     if dist_backend == "nccl":
         __import__("cupy").cuda.Device(rank).use()
@@ -55,8 +59,6 @@ def run_rank(rank: int, world: int, configs: list, dist_backend: str, port: int,
 
 def _single(cfg, backend, host: dict, timing: dict):
     """Rank 0's single-GPU step and check, or (None, {reason}) when it cannot run here."""
-    from questprof.workload.parallel_step import single_gpu
-
     try:
         return single_gpu(cfg, backend, host, **timing)
     except Exception as exc:  # the others wait at a barrier: never leave them hanging
@@ -92,8 +94,6 @@ def launch(world: int, configs: list, dist_backend: str = "gloo", port: int | No
 def _collect(queue, procs, expected: int, timeout_s: float) -> list:
     """Every rank's results; fails fast (instead of hanging) when a rank dies or no result
     comes for timeout_s (a deadline per result, so a long grid of configurations is not cut)."""
-    import queue as queues
-
     results, deadline = [], time.monotonic() + timeout_s
     while len(results) < expected:
         try:
@@ -113,8 +113,6 @@ def host_figures(cfg, world: int, ranks: list[dict]) -> dict:
     """From the ranks' layer 0, on the host: how often the cheap variant (K/N local pages per
     rank, no collective) misses exact pages, and the formula bytes the busiest rank reads
     against one GPU holding the whole cache (T_index + T_selected)."""
-    from questprof.workload.parallel_step import global_tables
-
     kv = global_tables(cfg, np.random.default_rng(cfg.seed))
     sel, count = ranks[0]["host"]["sel"], ranks[0]["host"]["count"]
     shards = [cp.shard_bounds(kv.pages(), world, r) for r in range(world)]
@@ -176,11 +174,6 @@ def goal_table(rows: list[dict]) -> list[dict]:
 
 def main(argv=None) -> None:
     """python3 -m questprof.commands.context_parallel --world 2 --lengths 32k,128k [--out DIR]"""
-    import argparse
-
-    from questprof.core.config import Config, parse_sizes
-    from questprof.core.scenarios import load_scenario
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--scenario", default="longchat-7b")
@@ -193,8 +186,6 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", help="only print the table of this results directory's rows")
     args = ap.parse_args(argv)
     if args.rows:
-        from questprof.results import read_rows
-
         print_rows([r for r in read_rows(args.rows) if r.get("stage") == "context-parallel"])
         return
     scenario = load_scenario(args.scenario)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 import gc
 
+from questprof.backends import get_backend
 from questprof.core import model
 from questprof.core.config import Config, ModelShape
 from questprof.core.layout import DTYPE_BYTES
+from questprof.measure.timing import time_call
 from questprof.results import append_rows, make_row
+from questprof.workload.decoder import DecodeRun, build_cache, build_decoder
 
 E2E_LENGTHS = (8192, 32768, 131072)  # where the default GPU main job measures whole steps
 HEADROOM_BYTES = 2 * 2**30  # cuBLAS workspaces, graph pools, activations, scores, selections
@@ -54,9 +57,6 @@ def _figures(cfg: Config, ms: dict) -> dict:
 def _measure_point(dec, cfg: Config, backend, scenario: str, steps: int, warmup: int,
                    graph: bool) -> dict:
     """The e2e row of one length: four timed passes (whole steps and attention alone)."""
-    from questprof.measure.timing import time_call
-    from questprof.workload.decoder import DecodeRun, build_cache
-
     cache = build_cache(dec, backend, cfg.length, cfg.batch, cfg.page_size, cfg.seed)
     run = DecodeRun(dec, cache, backend, cfg.budget, cfg.page_size, cfg.mode, cfg.seed)
     run.step(quest=False, save_q=True)  # q of every layer for the attention-only passes
@@ -86,10 +86,7 @@ def measure_e2e(shape: ModelShape, lengths, page_size: int, budget: int, batch: 
     On CPU the decoder runs in float32 whatever the shape says (the rows' dtype says fp32).
     graph: CUDA-graph the timed passes (None = on a GPU backend), as serving engines run decode.
     """
-    from questprof.workload.decoder import build_decoder
-
     if backend is None:
-        from questprof.backends import get_backend
         backend = get_backend("auto")
     device = "cuda" if backend.is_gpu else "cpu"
     run_shape = shape if backend.is_gpu or shape.is_fp8 else dataclasses.replace(shape,

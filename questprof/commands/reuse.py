@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
+from questprof.backends import get_backend
 from questprof.commands.reuse_args import ReuseArgs
 from questprof.core.config import Config, ConfigError, ModelShape, check_modes, parse_sizes
+from questprof.core.machine import git_fields, machine_info
 from questprof.core.model import k_pages
 from questprof.core.tier import tier_bytes
+from questprof.fidelity import prompts
+from questprof.fidelity.model_run import capture
+from questprof.fidelity.models import load_model
+from questprof.fidelity.reuse import Reuse, layer_reuse
+from questprof.fidelity.threads import one_thread
+from questprof.results import ResultsWriter, now
 
 CAPACITY_FACTORS = (1, 2, 4)  # C = K, 2K, 4K pages when --hbm-pages is not given
 
@@ -44,11 +53,6 @@ def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
 
 def captures(args: ReuseArgs, log):
     """Captures of `prompts` passkey prompts of `length` tokens, `steps` decode steps each."""
-    from questprof.fidelity import prompts
-    from questprof.fidelity.model_run import capture
-    from questprof.fidelity.models import load_model
-    from questprof.fidelity.threads import one_thread
-
     loaded = load_model(args.model, args.seed)
     if loaded.tokenizer is None:
         raise ConfigError(f"--model {args.model}: reuse needs a real model's passkey answers")
@@ -82,8 +86,6 @@ def _row(meta: dict, cfg: Config, layer, got, capacity: int, heads: int) -> dict
 
 def reuse_rows(name: str, caps: list, args: ReuseArgs, backend) -> list[dict]:
     """Every row of the captures (one length), layers >= dense_layers and their sum."""
-    from questprof.fidelity.reuse import Reuse, layer_reuse
-
     cap = caps[0]
     shape = _shape(name, cap)
     heads = (cap.steps - 1) * len(caps) * cap.kv_heads  # (request, KV head) x counted steps
@@ -110,12 +112,6 @@ def reuse_rows(name: str, caps: list, args: ReuseArgs, backend) -> list[dict]:
 
 def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list[dict]]:
     """The whole `questprof reuse`: rows to a results directory; returns it and the rows."""
-    from datetime import datetime
-
-    from questprof.backends import get_backend
-    from questprof.core.machine import git_fields, machine_info
-    from questprof.results import ResultsWriter, now
-
     settings(args)  # bad input: one line before the model loads
     backend = get_backend(args.backend)
     name, caps = captures(args, log)

@@ -10,8 +10,12 @@ from pathlib import Path
 
 import numpy as np
 
+from questprof import results
 from questprof.commands.serve_args import ServeArgs
+from questprof.commands.serve_run import run_all
 from questprof.core.config import ConfigError, parse_sizes, validate_budget
+from questprof.report.frames import crossovers, paired
+from questprof.serving.mixes import named_mix, read_trace
 from questprof.serving.paged_attention import POLICIES, Policy
 
 
@@ -20,8 +24,6 @@ def crossover_from(sweep: Path | None, page_size: int, budget: int) -> int | Non
     budget (None: it never did); ConfigError when there is no sweep or no such pair in it."""
     if sweep is None:
         raise ConfigError("policy hybrid needs a sweep's crossover: give --sweep DIR")
-    from questprof import results
-    from questprof.report.frames import crossovers, paired
     df = results.load(sweep)[0]
     cross = crossovers(paired(df))
     mine = cross[(cross["page_size"] == page_size) & (cross["budget"] == budget)]
@@ -50,7 +52,6 @@ def policies(args: ServeArgs) -> list[Policy]:
 
 def mix_specs(args: ServeArgs):
     """The requests' lengths: the trace, else the named mix."""
-    from questprof.serving.mixes import named_mix, read_trace
     if args.trace is not None:
         return read_trace(args.trace)
     if args.mix is None:
@@ -61,7 +62,6 @@ def mix_specs(args: ServeArgs):
 
 def serve_command(args: ServeArgs, out_dir, argv, log=print) -> Path:
     """The whole `questprof serve`: returns the results directory."""
-    from questprof.commands.serve_run import run_all
     chosen, specs = policies(args), mix_specs(args)
     concurrency = parse_sizes(args.concurrency, "concurrency")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -8,8 +8,12 @@ from pathlib import Path
 
 import numpy as np
 
+from questprof import results
 from questprof.commands.serve_args import ServeArgs
+from questprof.core.machine import git_fields, machine_info
 from questprof.serving.latency import summarize, token_gaps_ms
+from questprof.serving.loop import LoopSettings, serve
+from questprof.serving.models import load_serving_model, requests_for
 from questprof.serving.paged_attention import Policy
 
 SERVE, REQUEST = "serve", "serve-request"  # the stages of serve's rows: a run, a request
@@ -20,7 +24,6 @@ def _settings(args: ServeArgs, concurrency: int, requests):
     """The loop's settings: with no --num-blocks, cache pages for every request at once; with
     no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK (transformers
     5.24 sizes both from the GPU's memory and, on a CPU, stalls without a word)."""
-    from questprof.serving.loop import LoopSettings
     size = args.page_size
     blocks = args.num_blocks or sum(-(-(len(r.prompt) + r.output) // size) + 1
                                     for r in requests) + 8
@@ -70,10 +73,6 @@ def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int) -> dict:
 def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command: str,
             log) -> Path:
     """Every (policy, concurrency) over the mix; rows appended as each run ends."""
-    from questprof import results
-    from questprof.core.machine import git_fields, machine_info
-    from questprof.serving.loop import serve
-    from questprof.serving.models import load_serving_model, requests_for
     loaded = load_serving_model(args.model, args.seed)
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),

@@ -17,9 +17,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from questprof.backends import timing_backend
+from questprof.commands import sweep_table
+from questprof.commands.sweep_meta import resumed_meta, sweep_meta
+from questprof.commands.sweep_table import launcher, pass_layers
 from questprof.core import model, tier
 from questprof.core.stages import ROW_STAGES
+from questprof.measure import cupti, dram
+from questprof.measure.timing import time_layers
 from questprof.results import OURS, ResultsWriter, done_keys, make_row
+from questprof.workload.flashinfer import FlashInferPeer, STAGES as FLASHINFER_STAGES, refusal
 from questprof.workload.pools import (PoolCache, Workload, fit_need, is_out_of_memory,
                                       l2_bytes, release, sim_layers)
 
@@ -62,8 +69,6 @@ class RunState:
 
 def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
     """(stage, impl) of every row of one configuration, in order: each peer after ours."""
-    from questprof.workload.flashinfer import STAGES as FLASHINFER_STAGES
-
     keys = []
     for stage in ROW_STAGES:
         keys.append((stage, OURS))
@@ -91,16 +96,12 @@ def shared_key(cfg, stage: str, impl: str = OURS) -> tuple | None:
 
 def _bytes(work: Workload, stage: str, state: RunState, pass_ms: float) -> dict:
     """measured_read_bytes, measured_write_bytes, bytes_source of one stage, or a note why not."""
-    from questprof.measure import dram
-
     start = time.perf_counter()  # the score copies below are the measurement's cost too
     if stage == "topk":  # top-K reads only scores: copies of them make its own cold rotation
         need = model.COLD_FACTOR * l2_bytes()
         work.rotate_topk(min(-(-need // max(int(work.work("topk").read), 1)), 1024))
     try:
         if state.idle is None:
-            from questprof.measure import cupti
-
             state.idle = cupti.idle_rate()
         read, write = dram.stage_bytes("cupti", work.launcher(stage), work.calls(stage),
                                        pass_ms=pass_ms * work.calls(stage), seconds=0.01,
@@ -118,14 +119,10 @@ def _launcher(work: Workload, stage: str, impl: str, flashinfer: dict, table=Non
     workload and kept in `flashinfer` (cleared before the pools are released); our Quest step
     walks `table` (per-layer budgets) when one is given."""
     if table is not None and stage == "quest" and impl == OURS:
-        from questprof.commands.sweep_table import launcher
-
         return launcher(work, table)
     if impl != FLASHINFER:
         return work.launcher(impl if impl != OURS else stage)
     if "peer" not in flashinfer:
-        from questprof.workload.flashinfer import FlashInferPeer
-
         flashinfer["peer"] = FlashInferPeer(work)
     return flashinfer["peer"].launcher(stage)
 
@@ -134,8 +131,6 @@ def _skip_reason(stage: str, impl: str, exc: Exception) -> str | None:
     """Why a (stage, impl) that raised becomes a skipped row, or None to let it raise: out of
     memory, or anything FlashInfer raised (not installed, a shape it refuses: its words)."""
     if impl == FLASHINFER:
-        from questprof.workload.flashinfer import refusal
-
         return refusal(exc)
     if is_out_of_memory(exc):
         return f"out of memory timing {stage}: {type(exc).__name__}"
@@ -145,8 +140,6 @@ def _skip_reason(stage: str, impl: str, exc: Exception) -> str | None:
 def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: dict,
              state: RunState) -> tuple[dict, dict]:
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
-    from questprof.measure.timing import time_layers
-
     launch = _launcher(work, stage, impl, flashinfer, opts.budget_table)
     t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
                     uses_torch=impl != OURS)
@@ -198,7 +191,8 @@ def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
     """(Workload, None), or (None, why) when the pools do not fit in memory."""
     try:
         return Workload(cfg, backend, layers, pools), None
-    except Exception as exc:
+    except (MemoryError, RuntimeError) as exc:  # CuPy's OOM is a MemoryError; DoesNotFit, torch's
+        # and a CUDA allocation failure are RuntimeErrors; any other reaches the caller
         if not is_out_of_memory(exc):
             raise
         why = (str(exc) if type(exc).__name__ == "DoesNotFit"
@@ -212,8 +206,6 @@ def _prepare(cfg, backend, layers: int, pools: PoolCache | None = None):
 def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunState):
     """Yield the rows of (stage, impl) `keys` of one configuration, each as soon as it is done
     (timings shared with other configurations in `state`, and its pools on a CPU)."""
-    from questprof.commands.sweep_table import pass_layers
-
     layers = pass_layers(sim_layers(cfg, backend, opts.layers), opts.budget_table)
     dense_budget = cfg.is_dense_budget
     # ncu's child builds its own one-layer workload: before ours, which may take most of the
@@ -240,7 +232,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
         try:
             timing, got = state.shared.get(key) or _measure(work, runs, impl, opts,
                                                             flashinfer, state)
-        except Exception as exc:
+        except Exception as exc:  # deliberately any: FlashInfer fails its own way (its words are
+            # the skipped row's reason); of ours only out of memory is a row, the rest re-raised
             why = _skip_reason(stage, impl, exc)
             if why is None:
                 raise
@@ -256,8 +249,6 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
             if runs == "quest":
                 got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
         if table:  # the Quest step walked the table: each layer its own budget
-            from questprof.commands import sweep_table
-
             got = {**got, **sweep_table.fields(cfg, opts.budget_table, opts.budgets_file)}
             yield row(stage, impl, timing=timing, work=sweep_table.work(cfg, opts.budget_table),
                       reason=reason, **got)
@@ -291,9 +282,6 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     Returns the rows written by this call; results.parquet is rewritten on exit, also on error.
     On a CPU it times the NumPy backend's float32 path (backends.timing_backend).
     """
-    from questprof.backends import timing_backend
-    from questprof.commands.sweep_meta import resumed_meta, sweep_meta
-
     opts, backend = opts or Options(), timing_backend(backend)
     done = done_keys(out_dir) if resume else set()
     meta = sweep_meta(scenario, configs, backend, command, opts,

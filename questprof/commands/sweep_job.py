@@ -13,12 +13,20 @@ from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
+import typer
+
 from questprof import console
+from questprof.backends import get_backend, timing_backend
+from questprof.backends.variants import shape_problem
+from questprof.commands.sweep_table import apply_table
 from questprof.core import model
-from questprof.core.config import ConfigError
+from questprof.core.config import ConfigError, validate_budget, validate_page_size
 from questprof.commands.sweep_args import SweepArgs, check_backend, resolve_args
-from questprof.commands.sweep_say import announce, settings
+from questprof.commands.sweep_say import announce, settings, skipped_lines
 from questprof.core.scenarios import configs_from_args
+from questprof.measure import cupti, ncu
+from questprof.workload.flashinfer import missing_reason
+from questprof.workload.pools import check_cache
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times (the NumPy fp32 path) are context, not the product: 3
@@ -30,17 +38,13 @@ def check_shape(shape, backend) -> None:
     """A model shape the GPU kernels are not built for is one clear line, before any work."""
     if not backend.is_gpu:
         return
-    from questprof.backends.variants import shape_problem  # any group: tiles and chunks
-
-    problem = shape_problem(shape.head_dim)
+    problem = shape_problem(shape.head_dim)  # any group: tiles and chunks
     if problem:
         raise ConfigError(f"model {shape.name}: {problem} (--backend numpy runs it)")
 
 
 def check_extras(args: SweepArgs, backend) -> None:
     """--bytes, --e2e and --gpus before any work: a clear error instead of a failure later."""
-    from questprof.core.config import validate_budget, validate_page_size
-
     if args.bytes_source not in BYTE_SOURCES:
         raise ConfigError(f"--bytes {args.bytes_source!r}: expected auto, cupti, ncu or none")
     if args.bytes_source in ("cupti", "ncu") and not backend.is_gpu:
@@ -66,7 +70,6 @@ def byte_source(asked: str, backend) -> tuple[str | None, dict]:
         return None, {"source": None, "reason": "--bytes none"}
     if not backend.is_gpu:
         return None, {"source": None, "reason": f"the {backend.name} backend runs on the CPU"}
-    from questprof.measure import cupti, ncu
 
     if asked == "ncu":
         ok, why = ncu.available()
@@ -113,8 +116,6 @@ def _options(args: SweepArgs, backend, source, table=None):
     if skipped:
         console.warn(f"the peers' rows are skipped: {skipped}")
     elif flashinfer:
-        from questprof.workload.flashinfer import missing_reason
-
         if (why := missing_reason()) is not None:
             console.warn(f"FlashInfer's rows are skipped: {why}")
     ncu = None
@@ -134,7 +135,6 @@ def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: boo
     """run_sweep with progress, then the summary table and what was skipped."""
     from questprof import results
     from questprof.commands.sweep import row_keys, run_sweep
-    from questprof.commands.sweep_say import skipped_lines
     from questprof.report.frames import summary_table
 
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
@@ -209,11 +209,6 @@ def _fidelity(scenario, configs, backend, target: Path, args: SweepArgs) -> None
 
 def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
-    from questprof.backends import get_backend, timing_backend
-    from questprof.workload.pools import check_cache
-
-    from questprof.commands.sweep_table import apply_table
-
     args = resolve_args(resume, given, out_dir)
     scenario, configs = configs_from_args(args.as_dict())
     args, table = apply_table(args, scenario.model.layers)
@@ -250,8 +245,6 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
 
 def interrupted(out_dir: Path) -> None:
     """One line on what Ctrl-C left on disk, then exit 130."""
-    import typer
-
     from questprof import results
 
     kept = len(results.read_rows(out_dir))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 
-from questprof.results import now
+from questprof.core.machine import git_fields, machine_info
+from questprof.measure.ceilings import measure_ceilings, measure_link_ceilings
+from questprof.results import load, now
 
 
 def _grid(configs) -> dict:
@@ -22,8 +24,6 @@ def _grid(configs) -> dict:
 def _ceilings(backend) -> dict:
     """measure.ceilings.measure_ceilings(backend), or why it could not run."""
     try:
-        from questprof.measure.ceilings import measure_ceilings
-
         return measure_ceilings(backend)
     except Exception as exc:  # ceilings are context for the report, never a reason to stop
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
@@ -35,7 +35,6 @@ def _link_ceilings(configs, backend) -> dict | None:
     if not backend.is_gpu or all(c.kv_tier == "hbm" for c in configs):
         return None
     try:
-        from questprof.measure.ceilings import measure_link_ceilings
 
         return measure_link_ceilings()
     except Exception as exc:  # context for the report, as the other ceilings: never a stop
@@ -45,8 +44,6 @@ def _link_ceilings(configs, backend) -> dict | None:
 def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None,
                byte_status: dict | None = None) -> dict:
     """meta.json of a run (notes/CONTRACTS.md)."""
-    from questprof.core.machine import git_fields, machine_info
-
     timing = {k: getattr(opts, k) for k in ("repeats", "warmup", "graph", "layers", "peers",
                                             "flashinfer")} if opts else {}
     return {"scenario": scenario.name, "scenario_path": str(scenario.path),
@@ -61,8 +58,6 @@ def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None
 
 def resumed_meta(out_dir, meta: dict) -> dict:
     """meta.json of a resumed run: the first run's start and command, and each resumption's."""
-    from questprof.results import load
-
     old = load(out_dir)[1]
     resumed = list(old.get("resumed", [])) + [meta["started"]]
     commands = list(old.get("resumed_commands", [])) + [meta["command"]]

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from questprof import console
+from questprof.backends import timing_backend
+from questprof.commands.sweep_time import sweep_seconds
 from questprof.core.scenarios import grid_note
+from questprof.core.stages import ROW_STAGES
 
 REASONS_SHOWN = 2  # skipped-row causes printed; the report lists every one
 
@@ -29,10 +32,8 @@ def _say(text: str) -> None:
 def announce(scenario, configs, backend, args, opts, resumed: Path | None) -> None:
     """The shape, then the configurations left to time (a resume: those not yet on disk) on
     which backend and about how long they take (commands/sweep_time.py)."""
-    from questprof.backends import timing_backend
     from questprof.commands.fidelity import sweep_fidelity_plan
     from questprof.commands.sweep import remaining
-    from questprof.commands.sweep_time import sweep_seconds
     from questprof.results import done_keys
 
     if scenario.note:  # a config.json: where its shape comes from
@@ -78,7 +79,6 @@ def skipped_lines(df) -> list[str]:
     run here), with how many configurations and which; the Quest rows of a budget that covers
     the whole length, dense by design, are not counted."""
     from questprof.commands.sweep import DENSE_REASON
-    from questprof.core.stages import ROW_STAGES
 
     if df.empty or "status" not in df:
         return []

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import os
 
+from questprof.backends import timing_backend
+from questprof.backends.fp32_copies import READERS
+from questprof.workload.pools import fit_reason
+
 GPU_SECONDS_PER_CONFIG = 0.8
 CPU_START_S = 4.0  # imports, ceilings, the report
 CPU_BUILD_NS = 4.25  # per K/V value of a pool: tile it, read its float32 copies, summarise
@@ -47,9 +51,6 @@ def cores_for(threads: int, load: float | None = None) -> float:
 def cpu_parts(configs, backend, repeats: int = 3) -> tuple[float, float]:
     """(CPU seconds building pools, CPU seconds of the rest) of a sweep of `configs` on the
     NumPy fp32 path (pools that do not fit in host memory now are skipped rows: no work)."""
-    from questprof.backends import timing_backend
-    from questprof.workload.pools import fit_reason
-
     timed = timing_backend(backend)
     pools, build, rest = set(), 0.0, CPU_START_S
     for cfg in configs:
@@ -79,7 +80,6 @@ def sweep_seconds(configs, backend, load: float | None = None) -> float:
     CPU at the load average `load`, read now when None)."""
     if backend.is_gpu:
         return len(configs) * GPU_SECONDS_PER_CONFIG
-    from questprof.backends.fp32_copies import READERS
 
     build, rest = cpu_parts(configs, backend)
     return build / cores_for(READERS, load) + rest / cores_for(1, load)

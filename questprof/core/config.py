@@ -9,6 +9,7 @@ field or file; the CLI turns it into exit status 2 without a traceback.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -306,8 +307,6 @@ class Config:
 
 def config_from_dict(data: dict):
     """A Config rebuilt from Config.as_dict() (for the ncu child process)."""
-    import dataclasses
-
     shape = {f.name: data["model" if f.name == "name" else f.name]
              for f in dataclasses.fields(ModelShape) if (f.name == "name" or f.name in data)}
     point = {f.name: data[f.name] for f in dataclasses.fields(Config)

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+import numpy
+
 from questprof import ROOT
 
 L2_BYTES_H200 = 60 * 1024 * 1024  # used when the L2 size cannot be read from the device
@@ -97,8 +99,6 @@ def _cupy_version() -> str:
 
 
 def _numpy_version() -> str:
-    import numpy
-
     return numpy.__version__
 
 

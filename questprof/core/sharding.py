@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from questprof.core.config import ConfigError
 from questprof.core.layout import PagedKV
 
 
@@ -29,10 +30,6 @@ def tensor_parallel(shape, tp: int):
     KV head replicated on tp / kv_heads GPUs when kv_heads < tp (Llama-3.1-70B's 64 / 8 heads on
     8 GPUs: 8 q heads over 1 KV head). A split that does not divide the heads is a ConfigError
     in one line. `shape` holds the whole model's heads (tp 1)."""
-    from dataclasses import replace
-
-    from questprof.core.config import ConfigError
-
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ConfigError(f"tp {tp!r} must be a whole number of GPUs, at least 1")
     if shape.tp != 1:

@@ -22,6 +22,7 @@ from questprof.fidelity.hooks import Recorder, active, decode, install, prefill,
 from questprof.fidelity.models import LoadedModel
 from questprof.fidelity.prompts import Prompt, answered
 from questprof.fidelity.page_index import page_index
+from questprof.fidelity.task_decode import decode_settings
 
 
 @dataclass
@@ -182,7 +183,6 @@ def task_answers(loaded: LoadedModel, batch: list[Prompt], captured: Captured, b
     """{budget: (tokens, correct) per prompt}: greedy answers with Quest attention in layers >=
     dense_layers, every budget of `page_size` in one decode (task_decode.decode_settings, which
     runs the other selectors too). base: base_indexes at this page size."""
-    from questprof.fidelity.task_decode import decode_settings
     got = decode_settings(loaded, batch, captured, base, [(QUEST, b) for b in budgets],
                           page_size, mode, dense_layers)
     return {b: [(a.tokens, a.correct) for a in got[QUEST, b]] for b in budgets}

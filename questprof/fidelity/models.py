@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from questprof.core.config import ConfigError
+from questprof.core.model import mlp_width
+from questprof.core.scenarios import load_scenario
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_NAME = "SmolLM2-135M"  # as README and the reports name it (rows once said the file's stem)
@@ -52,8 +54,6 @@ def _random(name: str, seed: int) -> LoadedModel:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from questprof.core.model import mlp_width
-    from questprof.core.scenarios import load_scenario
     scenario = load_scenario(name)
     shape = scenario.model
     context = max(scenario.grid.lengths)
@@ -106,7 +106,6 @@ def model_name(spec: str) -> str:
 def known_shape(spec: str):
     """The ModelShape of `spec` before loading it, where a file says it ('smollm2': its
     scenario; 'random:<scenario>'; a transformers folder's config.json), else None."""
-    from questprof.core.scenarios import load_scenario
     name = {"smollm2": "smollm2-135m"}.get(spec, spec.split(":", 1)[-1])
     path = Path(name).expanduser()
     if spec != "smollm2" and not spec.startswith("random:") and not path.is_dir():

@@ -18,6 +18,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from questprof.core.model import weight_params
+
 PROGRESS_SECONDS = 10.0
 
 
@@ -107,7 +109,6 @@ class Pace:
 
 def shape_dims(shape) -> Dims:
     """Dims of a core.config.ModelShape."""
-    from questprof.core.model import weight_params
     return Dims(weight_params(shape), shape.layers, shape.q_heads, shape.kv_heads,
                 shape.head_dim)
 

@@ -14,6 +14,7 @@ Python ships.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pydoc_data.topics import topics
 
 import numpy as np
 
@@ -123,7 +124,6 @@ def passkeys(tokenizer, length: int, depths, seed: int) -> list[Prompt]:
 def natural(tokenizer, length: int, count: int = 1) -> list[Prompt]:
     """`count` windows of `length` tokens of CPython's pydoc topics, spread over the text
     (overlapping only when it is too short); the model continues each (no answer)."""
-    from pydoc_data.topics import topics
     text = "\n\n".join(topics[name] for name in sorted(topics))
     ids = _ids(tokenizer, text, special=True)
     if len(ids) < length:

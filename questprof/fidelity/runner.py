@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from questprof.core.config import ConfigError
+from questprof.core.scenarios import load_scenario
 from questprof.core.selectors import QUEST
-from questprof.fidelity import prompts, rows
+from questprof.fidelity import prompts, prompts_spread, rows
 from questprof.fidelity.capture import Capture, load_capture
 from questprof.fidelity.evaluate import FidelityGrid, evaluate_batch, one_thread
 from questprof.fidelity.evaluate_selectors import evaluate_selectors, has_quest, others
+from questprof.fidelity.models import known_shape, load_model, model_name
 from questprof.fidelity.pace import Pace, heartbeat, model_dims, shape_dims
+from questprof.fidelity.synthetic import KINDS, synthetic_capture
 
 SOURCES = ("synthetic", "passkey", "natural", "cache", "multikey", "aggregate")
 PROMPTS = 20  # per length: a Wilson interval of +-0.2 at 50% (5 prompts: +-0.35)
@@ -80,8 +84,6 @@ def _concat(parts: list[dict]) -> dict:
 
 def synthetic_rows(request: Request, backend, log):
     """Random and drift caches shaped like the scenario's model, at each length."""
-    from questprof.core.scenarios import load_scenario
-    from questprof.fidelity.synthetic import KINDS, synthetic_capture
     shape = load_scenario(request.scenario).model
     for length in request.lengths:
         for kind in KINDS:
@@ -104,7 +106,6 @@ def _prompts(loaded, request: Request, length: int) -> list[prompts.Prompt]:
     if request.source == "natural":
         return prompts.natural(loaded.tokenizer, length, request.prompts)
     if request.source in ("multikey", "aggregate"):
-        from questprof.fidelity import prompts_spread
         make = (prompts_spread.multikeys if request.source == "multikey"
                 else prompts_spread.aggregates)
         return make(loaded.tokenizer, length, request.seed)
@@ -125,7 +126,6 @@ def _prompt_tokens(loaded, length: int, steps: int) -> int:
 def chunk_size(model, tokens: int, memory: int | None = None) -> int:
     """Prompts per chunk within CHUNK_SHARE of the host's memory (`memory` bytes, default this
     host's): captured k and v plus the model's cache, fp32."""
-    import os
     c = model.config
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -217,7 +217,6 @@ def _task(loaded, chunk, captured, bases: dict, request: Request) -> dict:
 def _load(request: Request, log, phases: dict | None, pace: Pace):
     """The loaded model, with progress lines while it loads; where its shape was not known
     before (the run's announcement then had no estimate), the estimate of the rest after."""
-    from questprof.fidelity.models import known_shape, load_model, model_name
     shape = known_shape(request.model)
     expected = pace.expected(shape_dims(shape) if shape is not None else None, request)
     name, started = model_name(request.model), time.perf_counter()

@@ -19,8 +19,11 @@ import torch
 
 from questprof.core.selectors import QUEST
 from questprof.fidelity.device import as_tensor
+from questprof.fidelity.hooks import active, decode
 from questprof.fidelity.metrics import selection_mask
 from questprof.fidelity.metrics_device import selection_masks
+from questprof.fidelity.prompts import answered
+from questprof.fidelity.task_answers import answers, decoded, forced_inputs, stand_in
 from questprof.fidelity.task_selectors import RowSelectors
 
 
@@ -197,9 +200,6 @@ def decode_settings(loaded, batch, captured, base: dict, settings: list, page_si
     selection in layers >= dense_layers, every setting of `page_size` in one decode (Quest's
     rows in `mode`, the others per head); `forced` adds a teacher-forced copy of every row.
     base: model_run.base_indexes at this page size; captured: model_run.capture's."""
-    from questprof.fidelity.hooks import active, decode
-    from questprof.fidelity.prompts import answered
-    from questprof.fidelity.task_answers import answers, decoded, forced_inputs, stand_in
     steps, prompts = captured.steps, len(batch)
     every, settings = settings, decoded(settings)
     rows = [(name, budget // page_size) for name, budget in settings] * (2 if forced else 1)

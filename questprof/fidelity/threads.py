@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
+import numpy  # noqa: F401  (loads its BLAS, so _openblas finds the library mapped)
+
 # (get, set) of the OpenBLAS builds NumPy wheels ship: scipy-openblas (64-bit ints), plain
 _OPENBLAS_CALLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
                    ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads"),
@@ -26,7 +28,6 @@ _OPENBLAS_CALLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num
 @cache
 def _openblas() -> tuple | None:
     """(get, set) thread-count functions of the OpenBLAS in this process, or None."""
-    import numpy  # noqa: F401  (loads its BLAS, so the library is mapped below)
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:  # not Linux

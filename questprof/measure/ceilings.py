@@ -12,6 +12,10 @@ import functools
 
 import numpy as np
 
+from questprof.backends import get_backend
+from questprof.core.model import cold_read_layers
+from questprof.measure.timing import time_call, time_layers
+
 GIB = 1 << 30
 READ_BYTES = 2 * GIB  # 34x the 60 MiB L2 of an H200: the bytes come from HBM, not L2
 MATMUL_N = 8192
@@ -77,18 +81,14 @@ def random_buffer(nbytes: int = READ_BYTES):
 
 def launch_read(x, sink) -> None:
     """Read every byte of float32 array `x` once on the current stream (no synchronisation)."""
-    import numpy
-
     _kernel("ceilings_read")(
-        (_grid(),), (THREADS,), (x, numpy.int64(x.size // 4), sink))
+        (_grid(),), (THREADS,), (x, np.int64(x.size // 4), sink))
 
 
 def launch_copy(x, y) -> None:
     """y[:] = x for float32 arrays of one size (a multiple of 4), on the current stream."""
-    import numpy
-
     _kernel("ceilings_copy")(
-        (_grid(),), (THREADS,), (x, y, numpy.int64(x.size // 4)))
+        (_grid(),), (THREADS,), (x, y, np.int64(x.size // 4)))
 
 
 def same_bytes_read_ms(backend, nbytes: int, l2_bytes: int, repeats: int = 20) -> float:
@@ -98,9 +98,6 @@ def same_bytes_read_ms(backend, nbytes: int, l2_bytes: int, repeats: int = 20) -
     and tail included (a 2 GiB read hides them, a 33.6 MB one does not).
     """
     import cupy
-
-    from questprof.measure.timing import time_layers
-    from questprof.core.model import cold_read_layers
 
     n = -(-nbytes // 16) * 16
     layers = cold_read_layers(n, l2_bytes)
@@ -121,8 +118,6 @@ def read_ladder(backend, l2_bytes: int, sizes=LADDER, repeats: int = 20,
     half the free memory, the fastest of `tries` fresh allocations: the read ceiling as a
     function of size. Take it before large pools come and go (see LADDER_TRIES)."""
     import cupy
-
-    from questprof.core.model import cold_read_layers
 
     free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()
     out = []
@@ -148,9 +143,6 @@ def ladder_ms(ladder: list[tuple[int, float]], nbytes: int) -> float | None:
 
 def median_ms(launch, repeats: int = 20, warmup: int = 3, uses_torch: bool = False) -> float:
     """Median time of single calls of `launch()` in ms (measure.timing's one loop, events)."""
-    from questprof.backends import get_backend
-    from questprof.measure.timing import time_call
-
     return time_call(get_backend("cupy"), launch, warmup, repeats, uses_torch=uses_torch).median
 
 

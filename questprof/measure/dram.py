@@ -12,6 +12,10 @@ import contextlib
 import math
 from typing import Callable
 
+from questprof.measure import cupti, nvml
+from questprof.measure.ceilings import median_ms
+from questprof.measure.timing import capture
+
 SOURCES = ("cupti", "ncu", "nvml")
 PROTOCOLS = ("rotate", "flush")
 TARGET_SECONDS = {"cupti": 0.03, "nvml": 0.3}  # GPM averages over its window: make it longer
@@ -21,8 +25,6 @@ def repeats_for(fn, seconds: float, call_ms: float | None = None) -> int:
     """Repetitions of `fn` (asynchronous) that fill about `seconds` of GPU time, 3..2000;
     call_ms, when the caller has just timed fn, saves timing it again."""
     if call_ms is None:
-        from questprof.measure.ceilings import median_ms
-
         call_ms = median_ms(fn, repeats=3, warmup=1)
     return int(min(2000, max(3, math.ceil(seconds * 1e3 / max(call_ms, 1e-6)))))
 
@@ -36,8 +38,6 @@ def replayed(rotation: Callable[[], object]):
     commit 5aeb93e, at 5-7x the GPU time they measured). The graph's kernels are those of the
     eager pass; replays happen before anything else allocates, as in measure.timing."""
     import cupy
-
-    from questprof.measure.timing import capture
 
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -67,8 +67,6 @@ def stage_bytes(source: str, launch: Callable[[int], object], calls: int, flush=
     """(read, write) DRAM bytes of one call of launch(layer), layers 0..calls-1, through CUPTI
     (GPM: gpm_stage_bytes). pass_ms: the time of one pass when known (skips a timing run);
     idle: a CUPTI IdleRate to subtract instead of an idle window per measurement."""
-    from questprof.measure import cupti
-
     if source != "cupti":
         raise ValueError(f"stage_bytes measures through CUPTI, not {source!r}")
     seconds = seconds or TARGET_SECONDS.get(source, 0.03)
@@ -106,8 +104,6 @@ def _flushed(launch: Callable[[int], object], calls: int, flush):
 def gpm_calibration(fn, repeats: int, known_bytes: float, tolerance: float):
     """nvml.GpmCalibration from two GPM windows over `repeats` calls of fn, each moving
     known_bytes in DRAM: the first gives the full scale, the second checks that it holds."""
-    from questprof.measure import nvml
-
     run = lambda: _sync_loop(fn, repeats)  # noqa: E731
     first, again = nvml.gpm_window(run), nvml.gpm_window(run)
     return nvml.calibration(first, again, repeats * known_bytes, tolerance)
@@ -116,8 +112,6 @@ def gpm_calibration(fn, repeats: int, known_bytes: float, tolerance: float):
 def gpm_stage_bytes(launch: Callable[[int], object], calls: int, flush, gpm):
     """nvml.GpmBytes: bytes (read + write) per call of launch(layer) through GPM under the flush
     protocol, or why they are not a byte count here (nothing runs when the calibration failed)."""
-    from questprof.measure import cupti, nvml
-
     if gpm.why_not is not None:
         return nvml.GpmBytes(None, gpm.why_not)
     with_stage, without = _flushed(launch, calls, flush)

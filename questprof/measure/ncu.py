@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 
 from questprof import backends
+from questprof.measure import ceilings
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "gpu__time_duration.sum")
 NCU_PATHS = ("/usr/local/cuda/bin/ncu",)
@@ -158,8 +159,6 @@ def profiler(on: bool) -> None:
 def child(job: dict) -> None:
     """Run one plain read inside ncu: {'kind': 'read', 'bytes': n}."""
     import cupy
-
-    from questprof.measure import ceilings
 
     x = ceilings.random_buffer(int(job["bytes"]))
     sink = cupy.zeros(1, dtype=cupy.float32)

@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from questprof.measure import nvml
+
 CLOCK_FIELDS = ("sm_clock_mhz", "mem_clock_mhz", "throttled")
 
 
@@ -44,14 +46,12 @@ class Timing:
 
 
 def _clocks() -> dict | None:
-    """NVML clocks and throttle reasons now, None without NVML (never raises)."""
-    from questprof.measure import nvml
-
+    """NVML clocks and throttle reasons now, None without NVML or when an NVML call fails."""
     if not nvml.available()[0]:
         return None
     try:
         return nvml.snapshot()
-    except Exception:  # deliberately any: the clocks are context, and must never fail a timing
+    except nvml.NvmlError:  # any NVML status: the clocks are context, never fail a timing
         return None
 
 

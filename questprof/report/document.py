@@ -23,7 +23,7 @@ import pandas as pd
 
 from questprof.core import model
 from questprof.core.fp8 import E4M3
-from questprof.report import amdahl, figures, frames, hardware, measured_bytes
+from questprof.report import amdahl, figures, frames, hardware, measured_bytes, parallel
 from questprof.report import tier as tier_report
 from questprof.report import fidelity as fidelity_report
 from questprof.report import selectors as selectors_report
@@ -141,8 +141,6 @@ def _amdahl(df: pd.DataFrame, pairs: pd.DataFrame) -> str:
 
 def _context_parallel(df: pd.DataFrame) -> str:
     """Context-parallel Quest against one GPU (sweep --gpus N), when the run measured it."""
-    from questprof.report import parallel
-
     return parallel.section(df)
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from questprof.core import model
 from questprof.core.config import Config, ModelShape
 from questprof.core.layout import AppendPlan, append_plan
+from questprof.workload.pools import build_pools
 
 ROPE_THETA = 10000.0  # LLaMA-2 / LongChat
 NORM_EPS = 1e-5
@@ -128,8 +129,6 @@ def build_cache(dec: Decoder, backend, length: int, batch: int, page_size: int,
     """Every layer's paged cache of `length` tokens per request (workload.pools.build_pools:
     random pages, summaries by the backend's `summary` stage) with torch views of k and v."""
     import torch
-
-    from questprof.workload.pools import build_pools
 
     cfg = Config(dec.shape, length, batch, page_size, page_size, seed=seed)
     rng = np.random.default_rng(seed)

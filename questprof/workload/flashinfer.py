@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from questprof.workload.peers import torch_dtype
+
 IMPL = "flashinfer"
 STAGES = ("topk", "attention", "dense", "quest")  # the rows it has, in order
 INSTALL = "pip install -e '.[flashinfer]'"
@@ -155,7 +157,6 @@ class FlashInferPeer:
         if work.cfg.model.is_fp8:  # ours scale each KV head; its decode takes one scale
             raise Unavailable("FP8 caches with per-KV-head scales: not lent to FlashInfer")
         self.torch, self.work, self.version = torch, work, self.fi.__version__
-        from questprof.workload.peers import torch_dtype
 
         bf16 = work.cfg.model.dtype == "bf16"  # our bf16 travels as uint16 bits
         self.dtype = torch_dtype(work.cfg.model.dtype)

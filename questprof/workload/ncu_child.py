@@ -10,15 +10,15 @@ from __future__ import annotations
 import json
 import sys
 
+from questprof.backends import get_backend
+from questprof.core.config import config_from_dict
+from questprof.measure import ceilings, ncu
+from questprof.workload.pools import Workload
+
 
 def replay(job: dict) -> None:
     """Run each stage of the job once, inside the profiled range, after a marker kernel."""
     import cupy
-
-    from questprof.backends import get_backend
-    from questprof.core.config import config_from_dict
-    from questprof.measure import ceilings, ncu
-    from questprof.workload.pools import Workload
 
     work = Workload(config_from_dict(job["config"]), get_backend("cupy"), 1)
     marker, sink = ceilings.random_buffer(16), cupy.zeros(1, dtype=cupy.float32)

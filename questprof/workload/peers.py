@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from questprof.core.model import vector_bytes
 from questprof.core.stages import check_mode
 
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
@@ -145,7 +146,5 @@ def gathered_attention(cfg, kvs, q, selections):
 
 def gathered_bytes(cfg, sel) -> float:
     """Bytes of the K and V pages gathered_attention copies per layer (sel [Hs, B, K] host)."""
-    from questprof.core.model import vector_bytes
-
     hs, batch, k = sel.shape
     return 2.0 * hs * batch * k * cfg.page_size * vector_bytes(cfg.model)

@@ -21,6 +21,7 @@ from questprof.core.config import ConfigError
 from questprof.core.fp8 import kv_scale, to_e4m3
 from questprof.core.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
                                    random_queries, tiled, to_storage)
+from questprof.workload import peers
 
 POOL_FRACTION = 0.5  # simulated layers' pools take at most half the free device memory
 L2_DEFAULT = 60 << 20  # an H200's L2, when the device's own figure cannot be read
@@ -340,8 +341,6 @@ class Workload:
         return launches[stage]
 
     def _peer(self, name: str) -> Callable[[int], object]:
-        from questprof.workload import peers
-
         cfg, m = self.cfg, self.cfg.model
         if name == "torch-gather":
             return peers.gathered_attention(cfg, self.kvs, self.q, self.selections)
