@@ -11,8 +11,9 @@ import numpy as np
 from questprof.commands.serve_args import ServeArgs
 from questprof.serving.latency import summarize, token_gaps_ms
 from questprof.serving.paged_attention import Policy
+from questprof.serving.step_time import shares
 
-SERVE, REQUEST = "serve", "serve-request"  # the stages of serve's rows: a run, a request
+SERVE, REQUEST, STEP = "serve", "serve-request", "serve-step"  # rows of a run, request, forward
 PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
 
 
@@ -42,8 +43,11 @@ def _shape_fields(log) -> dict:
 
 
 def run_rows(base: dict, served, log) -> list[dict]:
-    """A run's rows: one per request (its token gaps, TTFT), then the run's summary."""
-    rows = []
+    """A run's rows: one per request (its token gaps, TTFT), one per forward (where its time
+    went: serving/step_time.py), then the run's summary with each part's share of the decode
+    steps."""
+    rows = [{**base, "stage": STEP, "step": i, **parts, "status": "ok"}
+            for i, parts in enumerate(log.parts)]
     for s in served:
         gaps = token_gaps_ms(s.timestamps)
         rows.append({**base, "stage": REQUEST, "request": s.index, "length": s.prompt_len,
@@ -52,7 +56,7 @@ def run_rows(base: dict, served, log) -> list[dict]:
                      "status": "ok"})
     summary = summarize(served)
     rows.append({**base, "stage": SERVE, "requests": len(served), **summary.fields(),
-                 **_shape_fields(log), "status": "ok"})
+                 **_shape_fields(log), **shares(log.parts), "status": "ok"})
     return rows
 
 
