@@ -1,6 +1,7 @@
 """The passkey task through transformers' serving loop beside the fidelity task's Quest loop
 (questprof/serving/task.py): per prompt, whether the answers are the same tokens; per policy,
-accuracy, per-token latency p50 / p95 and tokens per second, as Markdown (and JSON with --out).
+accuracy, per-token latency p50 / p95, tokens per second and where the decode steps' time went
+(serving/step_time.py), as Markdown (and JSON with --out).
 
     python tools/serve_task.py --model smollm2 --length 2048 --prompts 20 --page-size 16 \\
         --budget 256 --dense-layers 2 --steps 8 --out task.json
@@ -41,13 +42,15 @@ def _rows(got, tokenizer) -> list[dict]:
 
 
 def _policies(got) -> list[dict]:
+    """Per serving policy: answers right, latency, and the decode steps' split (step_time)."""
     from questprof.serving.latency import summarize
+    from questprof.serving.step_time import shares
     out = []
-    for name, (runs, _) in got.served.items():
+    for name, (runs, log) in got.served.items():
         s = summarize(runs)
         out.append({"policy": name, "correct": sum(bool(a.correct) for a in got.serving[name]),
                     "p50_ms": s.token["p50_ms"], "p95_ms": s.token["p95_ms"],
-                    "tokens_per_s": s.tokens_per_s, "tokens": s.tokens})
+                    "tokens_per_s": s.tokens_per_s, "tokens": s.tokens, **shares(log.parts)})
     return out
 
 
@@ -56,6 +59,7 @@ def main() -> None:
     from questprof.fidelity.models import load_model
     from questprof.fidelity.prompts import passkeys, spread_depths
     from questprof.serving.paged_attention import Policy
+    from questprof.serving.step_time import PARTS
     from questprof.serving.task import compare
     started = time.perf_counter()
     loaded = load_model(args.model)
@@ -75,6 +79,11 @@ def main() -> None:
     for f in figures:
         print(f"| {f['policy']} | {f['correct']}/{len(prompts)} | {f['p50_ms']:.1f} | "
               f"{f['p95_ms']:.1f} | {f['tokens_per_s']:.2f} |")
+    print("\n| policy | decode step ms | " + " | ".join(PARTS) + " |\n"
+          + "|---" * (len(PARTS) + 2) + "|")
+    for f in figures:
+        print(f"| {f['policy']} | {f.get('step_ms_mean', float('nan')):.1f} | "
+              + " | ".join(f"{f.get(p + '_share', float('nan')):.3f}" for p in PARTS) + " |")
     print(f"\n{time.perf_counter() - started:.0f} s in all")
     if args.out:
         args.out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
