@@ -65,11 +65,16 @@ class StepClock:
 
     @contextmanager
     def watching(self, model):
-        """Within the block, the model's forwards and transformers' cache updates are timed."""
-        from transformers.generation.continuous_batching.cache import (
-            PagedAttentionCache,
-        )
-        update = PagedAttentionCache.update
+        """Within the block, the model's forwards and transformers' cache updates are timed
+        (a transformers without PagedAttentionCache.update where 5.24 has it: cache time then
+        counts in the rest of the model)."""
+        try:
+            from transformers.generation.continuous_batching.cache import (
+                PagedAttentionCache,
+            )
+            update = PagedAttentionCache.update
+        except (ImportError, AttributeError):
+            PagedAttentionCache = update = None
 
         def timed_update(cache, *args, **kwargs):
             t0 = self.now()
@@ -82,11 +87,13 @@ class StepClock:
             lambda *_: self.forwards.append(Forward(self.now())))
         post = model.register_forward_hook(lambda *_: setattr(self.forwards[-1], "end",
                                                               self.now()))
-        PagedAttentionCache.update = timed_update
+        if update is not None:
+            PagedAttentionCache.update = timed_update
         try:
             yield self
         finally:
-            PagedAttentionCache.update = update
+            if update is not None:
+                PagedAttentionCache.update = update
             pre.remove()
             post.remove()
 
