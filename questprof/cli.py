@@ -460,6 +460,9 @@ def serve(
         = ServeArgs.max_batch_tokens,
     seed: Annotated[int, typer.Option(help="Seed of prompts and random weights")]
         = ServeArgs.seed,
+    engine: Annotated[str, typer.Option(
+        help="The decode: host (top-K on the host, torch attention) or kernels (questprof's "
+             "stages: the CuPy kernels on a GPU, else the NumPy reference)")] = ServeArgs.engine,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/serve-<timestamp>/"))] = None,
 ) -> None:
@@ -469,7 +472,8 @@ def serve(
     args = ServeArgs(model=model, trace=trace, mix=mix, lengths=lengths, requests=requests,
                      output=output, policy=policy, page_size=page_size, budget=budget,
                      dense_layers=dense_layers, concurrency=concurrency, sweep=sweep,
-                     num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, seed=seed)
+                     num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, seed=seed,
+                     engine=engine)
     target = serve_command(args, out_dir, sys.argv[1:], log=lambda msg: console.out.print(
         msg, highlight=False, markup=False, emoji=False))
     write_report(target)

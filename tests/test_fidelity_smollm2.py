@@ -21,7 +21,6 @@ from questprof.backends import get_backend  # noqa: E402
 from questprof.fidelity.evaluate import FidelityGrid, evaluate  # noqa: E402
 from questprof.fidelity.metrics import METRICS  # noqa: E402
 from questprof.fidelity.model_run import base_indexes, capture, task_answers  # noqa: E402
-from questprof.fidelity.models import load_model  # noqa: E402
 from questprof.fidelity.prompts import ALIGN, natural, passkey, passkeys  # noqa: E402
 from questprof.fidelity.synthetic import synthetic_capture  # noqa: E402
 
@@ -29,8 +28,8 @@ LENGTH, STEPS, DENSE_LAYERS = 1024, 6, 2
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    loaded = load_model("smollm2")
+def smollm2(smollm2_model):
+    loaded = smollm2_model
     assert (loaded.model.config.num_hidden_layers, loaded.context) == (30, 8192)
     prompt = passkey(loaded.tokenizer, LENGTH, depth=0.4, key=48151)
     return loaded, prompt, capture(loaded, [prompt], STEPS, "passkey")

@@ -75,6 +75,27 @@ def test_full_budget_gives_transformers_tokens_and_small_budget_selects(tiny):
     assert all(s["pages_read"] <= 2 * 2 * s["requests"] for s in log.steps)  # 2 q heads x K
 
 
+def test_each_step_splits_into_parts_that_sum_to_it(tiny):
+    """Prefill chunks of 64 tokens beside decodes: every forward's parts are non-negative and
+    sum to its step; decode steps' shares sum to 1; the prefill part appears only where a
+    prefill chunk ran."""
+    from questprof.serving.step_time import PARTS, shares
+    model, requests = tiny
+    _, log = serve(model, requests, Policy("quest", SIZE, 2 * SIZE, dense_layers=1),
+                   LoopSettings(SIZE, 8, 64, 64))
+    assert len(log.parts) >= len(log.steps) > 0
+    for step in log.parts:
+        parts = [step[f"{p}_ms"] for p in PARTS]
+        assert min(parts) >= 0.0
+        assert sum(parts) == pytest.approx(step["step_ms"], rel=1e-6, abs=1e-3)
+        assert step["forward_ms"] <= step["step_ms"] + 1e-9
+        assert (step["prefill_ms"] > 0) == (step["prefill_tokens"] > 0)
+    assert any(s["decode_requests"] and s["prefill_tokens"] for s in log.parts)  # mixed steps
+    got = shares(log.parts)
+    assert sum(got[f"{p}_share"] for p in PARTS) == pytest.approx(1.0)
+    assert got["attention_share"] > 0 and got["decode_steps"] == len(log.steps)
+
+
 def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -97,6 +118,50 @@ def test_serve_writes_rows_and_report(config_json, tmp_path):
     html = (out / "report.html").read_text()
     assert "Serving: latency per token" in html and "fig-serving-cdf" in html
     assert "fig-serving-throughput" in html and "1. Crossover" not in html
+    assert "Amdahl limit x" in html and "cache reads/writes" in html
+    steps = df[df["stage"] == "serve-step"]
+    assert len(steps) and steps["step_ms"].gt(0).all()
+    assert runs["attention_share"].between(0, 1).all()
+
+
+def test_kernels_engine_runs_the_backends_stages(config_json, tmp_path):
+    """--engine kernels: the NumPy reference's stages without a GPU, said in a line and in
+    the rows."""
+    out = tmp_path / "out"
+    result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+                 "--requests", 2, "--output", 3, "--budget", 32, "--dense-layers", 1,
+                 "--policy", "quest", "--engine", "kernels", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "the NumPy reference runs the stages" in result.output
+    df = results.load(out)[0]
+    assert set(df["engine"]) == {"kernels:numpy"}
+    assert (df[df["stage"] == "serve"]["selections"] == 2 * 2).all()  # 2 decodes x 1 layer
+
+
+@pytest.mark.gpu
+def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
+    """On a GPU, an fp16 random Llama: the CuPy kernels' decode gives the host decode's greedy
+    tokens at a budget past every length, and a 2-page budget selects in every decode."""
+    from questprof.backends import get_backend
+    from questprof.serving.mixes import Spec
+    from questprof.serving.models import load_serving_model, requests_for
+    from questprof.serving.paged_attention import HostDecode
+    from questprof.serving.stages_decode import StagesDecode
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "torch_dtype": "float16"}))
+    model = load_serving_model(str(path)).model
+    assert model.device.type == "cuda"
+    specs = [Spec(t["prompt"], t["output"], t.get("arrival", 0.0)) for t in TRACE]
+    requests = requests_for(specs, CONFIG["vocab_size"], seed=3)
+    settings = LoopSettings(SIZE, 8, 64, 256)
+    kernels = StagesDecode(get_backend("cupy"))
+    full = Policy("quest", SIZE, 1024, dense_layers=0)
+    want, _ = serve(model, requests, full, settings, HostDecode())
+    got, _ = serve(model, requests, full, settings, kernels)
+    assert [s.tokens for s in got] == [s.tokens for s in want]
+    _, log = serve(model, requests, Policy("quest", SIZE, 2 * SIZE, dense_layers=1), settings,
+                   kernels)
+    assert log.selections == sum(r.output - 1 for r in requests)
 
 
 @pytest.mark.parametrize("flags,said", [
@@ -104,6 +169,7 @@ def test_serve_writes_rows_and_report(config_json, tmp_path):
     (["--mix", "uniform"], "names no lengths"),
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
+    (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
 ])
 def test_bad_input_is_one_line(config_json, tmp_path, flags, said):
     bad = tmp_path / "bad.jsonl"
@@ -126,10 +192,10 @@ def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, mo
     from questprof.serving import loop
     real = loop.serve
 
-    def second_fails(model, requests, policy, settings):
+    def second_fails(model, requests, policy, settings, engine=None):
         if policy.name == "quest":
             raise ConfigError("the second run failed")
-        return real(model, requests, policy, settings)
+        return real(model, requests, policy, settings, engine)
 
     monkeypatch.setattr(serve_run, "serve", second_fails)  # where serve_run calls it
     out = tmp_path / "out"
@@ -137,5 +203,7 @@ def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, mo
                  "--requests", 2, "--output", 3, "--budget", 32, "--out", out)
     assert result.exit_code == 2 and "the second run failed" in result.stderr
     rows = results.read_rows(out)
-    assert {r["policy"] for r in rows} == {"dense"} and len(rows) == 3
-    assert serve_run.SERVE in {r["stage"] for r in rows}
+    assert {r["policy"] for r in rows} == {"dense"}
+    stages = [r["stage"] for r in rows]
+    assert stages.count(serve_run.REQUEST) == 2 and stages.count(serve_run.SERVE) == 1
+    assert stages.count(serve_run.STEP) == len(rows) - 3 > 0

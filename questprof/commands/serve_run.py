@@ -9,15 +9,20 @@ from pathlib import Path
 import numpy as np
 
 from questprof import results
+from questprof.backends import get_backend
 from questprof.commands.serve_args import ServeArgs
+from questprof.core.config import ConfigError
 from questprof.core.machine import git_fields, machine_info
 from questprof.serving.latency import summarize, token_gaps_ms
 from questprof.serving.loop import LoopSettings, serve
 from questprof.serving.models import load_serving_model, requests_for
-from questprof.serving.paged_attention import Policy
+from questprof.serving.paged_attention import HostDecode, Policy
+from questprof.serving.stages_decode import StagesDecode
+from questprof.serving.step_time import shares
 
-SERVE, REQUEST = "serve", "serve-request"  # the stages of serve's rows: a run, a request
+SERVE, REQUEST, STEP = "serve", "serve-request", "serve-step"  # rows of a run, request, forward
 PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
+ENGINES = ("host", "kernels")  # --engine: paged_attention.HostDecode, stages_decode.StagesDecode
 
 
 def _settings(args: ServeArgs, concurrency: int, requests):
@@ -45,8 +50,11 @@ def _shape_fields(log) -> dict:
 
 
 def run_rows(base: dict, served, log) -> list[dict]:
-    """A run's rows: one per request (its token gaps, TTFT), then the run's summary."""
-    rows = []
+    """A run's rows: one per request (its token gaps, TTFT), one per forward (where its time
+    went: serving/step_time.py), then the run's summary with each part's share of the decode
+    steps."""
+    rows = [{**base, "stage": STEP, "step": i, **parts, "status": "ok"}
+            for i, parts in enumerate(log.parts)]
     for s in served:
         gaps = token_gaps_ms(s.timestamps)
         rows.append({**base, "stage": REQUEST, "request": s.index, "length": s.prompt_len,
@@ -55,11 +63,25 @@ def run_rows(base: dict, served, log) -> list[dict]:
                      "status": "ok"})
     summary = summarize(served)
     rows.append({**base, "stage": SERVE, "requests": len(served), **summary.fields(),
-                 **_shape_fields(log), "status": "ok"})
+                 **_shape_fields(log), **shares(log.parts), "status": "ok"})
     return rows
 
 
-def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int) -> dict:
+def decode_engine(name: str, log=print):
+    """(engine for loop.serve, its name in rows): host -> HostDecode, kernels -> StagesDecode
+    over the backend (CuPy on a GPU, else the NumPy reference, said in a line)."""
+    if name not in ENGINES:
+        raise ConfigError(f"bad --engine {name!r}: expected one of {', '.join(ENGINES)}")
+    if name == "host":
+        return HostDecode(), "host"
+    backend = get_backend("auto")
+    if getattr(backend, "fallback_reason", None):
+        log(f"--engine kernels without a GPU ({backend.fallback_reason}): the NumPy reference "
+            "runs the stages")
+    return StagesDecode(backend), f"kernels:{backend.name}"
+
+
+def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int, engine: str) -> dict:
     cfg = loaded.model.config
     return {"model": loaded.name, "policy": policy.name, "concurrency": concurrency,
             "page_size": policy.page_size, "budget": policy.budget,
@@ -67,12 +89,13 @@ def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int) -> dict:
             "crossover": policy.crossover if policy.name == "hybrid" else None,
             "layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
             "kv_heads": cfg.num_key_value_heads, "impl": "questprof_paged",
-            "backend": str(loaded.model.device), "mode": "per-head"}
+            "backend": str(loaded.model.device), "engine": engine, "mode": "per-head"}
 
 
 def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command: str,
             log) -> Path:
     """Every (policy, concurrency) over the mix; rows appended as each run ends."""
+    engine, engine_name = decode_engine(args.engine, log)
     loaded = load_serving_model(args.model, args.seed)
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
@@ -84,6 +107,7 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
                 log(f"serve {loaded.name}: {policy.name}, {len(requests)} requests, "
                     f"concurrency {c}")
                 served, steps = serve(loaded.model, requests, policy,
-                                      _settings(args, c, requests))
-                writer.extend(run_rows(_base(args, loaded, policy, c), served, steps))
+                                      _settings(args, c, requests), engine)
+                writer.extend(run_rows(_base(args, loaded, policy, c, engine_name), served,
+                                       steps))
     return target

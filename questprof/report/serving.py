@@ -1,6 +1,6 @@
 """The serving section: what `questprof serve` measured in transformers' continuous batching,
-per policy and concurrency (rows of stages 'serve', one per run, and 'serve-request', one per
-request with its per-token latencies `token_ms`)."""
+per policy and concurrency (rows of stages 'serve', one per run with its decode steps' split,
+and 'serve-request', one per request with its per-token latencies `token_ms`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from questprof.core import model
 from questprof.report.figures import PALETTE
 from questprof.report.html import figure, table
 
@@ -25,6 +26,21 @@ COLUMNS = {"policy": "policy", "concurrency": "concurrency", "requests": "reques
            "tokens_per_s": "tokens/s", "steps": "decode steps",
            "step_requests_mean": "requests/step", "step_active_pages_mean": "pages/step",
            "step_pages_read_mean": "pages read/step", "crossover": "hybrid from"}
+
+STEP_LEDE = ("Where a decode step's time goes (steps with at least one decode request; "
+             "serving/step_time.py says how each part is timed): questprof's attention for the "
+             "decode requests, transformers' cache reads and writes, prefill chunks of other "
+             "requests (their attention and their tokens' share of the rest of the model), the "
+             "rest of the model, and the Python between forwards, as shares of the steps' time. "
+             "Amdahl: the limit 1 / (1 - attention share); beside dense at the same concurrency, "
+             "the step speedup predicted from dense's attention share and the measured speedup "
+             "of the attention part, and the step speedup measured.")
+STEP_COLUMNS = {"policy": "policy", "concurrency": "concurrency",
+                "step_ms_mean": "decode step ms", "attention_share": "attention",
+                "cache_share": "cache reads/writes", "prefill_share": "prefill chunks",
+                "model_rest_share": "rest of the model", "python_share": "Python between",
+                "amdahl_limit": "Amdahl limit x", "amdahl_predicted": "Amdahl predicted x",
+                "step_speedup": "measured x"}
 
 
 def has_rows(df: pd.DataFrame) -> bool:
@@ -73,11 +89,48 @@ def _shown(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def amdahl(runs: pd.DataFrame) -> pd.DataFrame:
+    """Runs with each decode step's split and Amdahl's figures (core.model.amdahl_speedup):
+    the limit 1 / (1 - f) of a step whose attention share is f, and for a policy beside dense
+    at the same concurrency, the step speedup Amdahl predicts from dense's share and the
+    measured speedup of the attention part, and the step speedup measured."""
+    out = runs.copy()
+    f = out["attention_share"]
+    out["amdahl_limit"] = 1.0 / (1.0 - f)
+    attention = f * out["step_ms_mean"]
+    dense = out[out["policy"] == "dense"].set_index("concurrency")
+    predicted, measured = [], []
+    for row, ms in zip(out.itertuples(), attention):
+        base = dense.loc[row.concurrency] if row.concurrency in dense.index else None
+        if base is None or row.policy == "dense" or not ms > 0:
+            predicted.append(np.nan)
+            measured.append(np.nan)
+            continue
+        speedup = base["attention_share"] * base["step_ms_mean"] / ms
+        predicted.append(model.amdahl_speedup(base["attention_share"], speedup))
+        measured.append(base["step_ms_mean"] / row.step_ms_mean)
+    out["amdahl_predicted"], out["step_speedup"] = predicted, measured
+    return out
+
+
+def step_section(runs: pd.DataFrame) -> str:
+    """The table of where a decode step's time goes, per run ('' for runs without it)."""
+    runs = runs.dropna(subset=["attention_share"]) if "attention_share" in runs else runs[:0]
+    if runs.empty:
+        return ""
+    shown = amdahl(runs).sort_values(["policy", "concurrency"])
+    for col in tuple(STEP_COLUMNS)[2:]:
+        shown[col] = shown[col].map(lambda v: f"{v:.3g}" if pd.notna(v) else "")
+    return f"<p>{STEP_LEDE}</p>" + table(shown, STEP_COLUMNS, "serving-steps",
+                                          numeric=tuple(STEP_COLUMNS)[1:])
+
+
 def section(df: pd.DataFrame) -> str:
-    """The table, the latency CDF and throughput against concurrency."""
+    """The tables, the latency CDF and throughput against concurrency."""
     runs = df[df["stage"] == RUN]
     requests = df[(df["stage"] == REQUEST) & df["token_ms"].notna()]
     html = table(_shown(runs), COLUMNS, "serving", numeric=tuple(COLUMNS)[1:])
+    html += step_section(runs)
     if len(requests):
         html += figure(cdf_figure(requests), "serving-cdf")
     return html + figure(throughput_figure(runs), "serving-throughput")

@@ -3,7 +3,8 @@
 `serve` starts transformers' manager (`continuous_batching_context_manager`), adds each request
 at its arrival time with its own forced output length (no end-of-sequence token, so every
 policy does the same work), and collects each request's tokens and the time each token came
-out (`record_timestamps`). Concurrency is transformers' `max_requests_per_batch`.
+out (`record_timestamps`). Concurrency is transformers' `max_requests_per_batch`. Each forward
+is split into where its time went (serving/step_time.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from questprof.serving.paged_attention import Policy, QuestPaged, StepLog, bound
+from questprof.serving.step_time import StepClock, step_parts
 
 RESULT_WAIT_S = 600.0  # one request's longest wait for its result before the run gives up
 
@@ -100,13 +102,24 @@ def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings
     """Every request of the mix through transformers' loop with `policy`'s attention (decode by
     `engine`: paged_attention.HostDecode by default, or stages_decode.StagesDecode)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
-    attention = QuestPaged(policy, engine=engine)
-    with bound(model, attention), model.continuous_batching_context_manager(
-            generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,
-            warmup=False) as manager:
+    clock = StepClock(_sync(model))
+    attention = QuestPaged(policy, engine=engine, timer=clock)
+    with bound(model, attention), clock.watching(model), \
+            model.continuous_batching_context_manager(
+                generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,
+                warmup=False) as manager:
         start = time.perf_counter()
         feeder = threading.Thread(target=_feed, args=(manager, requests, start), daemon=True)
         feeder.start()
         served = _collect(manager, requests, feeder)
         feeder.join()
+    attention.log.parts = step_parts(clock)
     return served, attention.log
+
+
+def _sync(model):
+    """What the step timers wait for first: the model's CUDA device, else nothing."""
+    import torch
+    if model.device.type == "cuda":
+        return lambda: torch.cuda.synchronize(model.device)
+    return None

@@ -106,6 +106,7 @@ class StepLog:
 
     steps: list = field(default_factory=list)
     selections: int = 0  # (request, layer) decodes that ran Quest's selection
+    parts: list = field(default_factory=list)  # each forward's time by part (step_time.split)
 
     def add(self, requests: int, active: int, read: float) -> None:
         self.steps.append({"requests": requests, "active_pages": active, "pages_read": read,
@@ -185,13 +186,32 @@ class QuestPaged:
     """The attention function (see the module): policy's decode by `engine` (HostDecode, or
     serving/stages_decode.StagesDecode: a backend's stages), `base` for prefill chunks."""
 
-    def __init__(self, policy: Policy, base=None, engine=None) -> None:
+    def __init__(self, policy: Policy, base=None, engine=None, timer=None) -> None:
         self.policy, self.base = policy, base
         self.engine = engine or HostDecode()
         self.summaries: dict[int, PageSummaries] = {}
         self.log = StepLog()
+        self.timer = timer  # serving/step_time.StepClock: this call's and base's seconds
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        if self.timer is None:
+            return self._call(module, query, key, value, attention_mask, **kwargs)
+        t0 = self.timer.now()
+        try:
+            return self._call(module, query, key, value, attention_mask, **kwargs)
+        finally:
+            self.timer.add("attention_call", self.timer.now() - t0)
+
+    def _prefill(self, module, query, key, value, mask, **kwargs):
+        """A prefill chunk's attention by the function QuestPaged replaced: [q tokens, Hq, d]."""
+        if self.timer is None:
+            return self.base(module, query, key, value, mask, **kwargs)[0][0]
+        t0 = self.timer.now()
+        out = self.base(module, query, key, value, mask, **kwargs)[0][0]
+        self.timer.add("base", self.timer.now() - t0)
+        return out
+
+    def _call(self, module, query, key, value, attention_mask, **kwargs):
         layer = module.layer_idx
         cu_q = kwargs["cu_seq_lens_q"].tolist()
         cu_k = kwargs["cu_seq_lens_k"].tolist()
@@ -210,8 +230,10 @@ class QuestPaged:
                                         value[0, :, k0:k1], slots[k0:k1]))
             else:
                 mask = None if attention_mask is None else attention_mask[..., q0:q1, k0:k1]
-                out[0, q0:q1] = self.base(module, query[..., q0:q1, :], key[..., k0:k1, :],
-                                          value[..., k0:k1, :], mask, **kwargs)[0][0]
+                out[0, q0:q1] = self._prefill(module, query[..., q0:q1, :], key[..., k0:k1, :],
+                                              value[..., k0:k1, :], mask, **kwargs)
+        if self.timer is not None and layer == 0:
+            self.timer.batch(len(items), sum(q1 - q0 for q0, q1, _, _ in spans) - len(items))
         if items:
             self._decode(module, out, rows, items)
         return out, None

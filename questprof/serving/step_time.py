@@ -1,0 +1,132 @@
+"""Where a step's time goes in transformers' continuous batching: each forward of the loop split
+into questprof's attention, transformers' cache reads and writes, prefill chunks of other
+requests, the rest of the model and the Python between forwards.
+
+Method (timers, not a profiler: torch.profiler's CPU events nest the attention function inside
+the decoder layer's ops and cost more than the attention of a small step). Wall-clock
+`perf_counter` around:
+- each forward of the model (a forward pre-hook and hook on the model): the step's forward;
+- `PagedAttentionCache.update` (wrapped for the run): it writes the step's keys and values at
+  `write_index` and reads every request's back by `read_index`, all layers;
+- QuestPaged's call per layer, and inside it the calls of the attention it replaced for
+  prefill chunks (QuestPaged.timer).
+A step runs from one forward's start to the next's (the last: to its own end). Its parts:
+  attention  = QuestPaged's time for its decode requests (summaries, selection, attention)
+  cache      = PagedAttentionCache.update
+  prefill    = the prefill chunks' attention + their tokens' share of the rest of the model
+  model_rest = forward - attention - cache - prefill chunks' attention - that share
+  python     = step - forward (scheduling, input preparation, sampling, outputs)
+which sum to the step. The prefill tokens' share of the rest (embeddings, projections, MLP,
+norms, logits) is apportioned by token count, as those layers' work is per token; where a small
+step is bound by reading the weights (a GPU) this overstates what the prefill adds. On CUDA
+each timer synchronises the device first, so a part is the device time it waits for.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+PARTS = ("attention", "cache", "prefill", "model_rest", "python")
+
+
+@dataclass
+class Forward:
+    """One forward's timestamps (perf_counter seconds) and what its timers summed."""
+
+    start: float
+    end: float = float("nan")
+    decode: int = 0          # requests answered as one query (decode steps)
+    prefill_tokens: int = 0  # tokens of prefill chunks
+    seconds: dict = field(default_factory=lambda: {"attention_call": 0.0, "base": 0.0,
+                                                   "cache": 0.0})
+
+
+class StepClock:
+    """The timers of one run (see the module); QuestPaged calls `add` and `batch`."""
+
+    def __init__(self, sync=None) -> None:
+        self.forwards: list[Forward] = []
+        self.sync = sync or (lambda: None)
+
+    def now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def add(self, part: str, seconds: float) -> None:
+        if self.forwards:
+            self.forwards[-1].seconds[part] += seconds
+
+    def batch(self, decode: int, prefill_tokens: int) -> None:
+        """The current forward's requests: decodes and prefill tokens (from layer 0)."""
+        if self.forwards:
+            self.forwards[-1].decode, self.forwards[-1].prefill_tokens = decode, prefill_tokens
+
+    @contextmanager
+    def watching(self, model):
+        """Within the block, the model's forwards and transformers' cache updates are timed
+        (a transformers without PagedAttentionCache.update where 5.24 has it: cache time then
+        counts in the rest of the model)."""
+        try:
+            from transformers.generation.continuous_batching.cache import (
+                PagedAttentionCache,
+            )
+            update = PagedAttentionCache.update
+        except (ImportError, AttributeError):
+            PagedAttentionCache = update = None
+
+        def timed_update(cache, *args, **kwargs):
+            t0 = self.now()
+            try:
+                return update(cache, *args, **kwargs)
+            finally:
+                self.add("cache", self.now() - t0)
+
+        pre = model.register_forward_pre_hook(
+            lambda *_: self.forwards.append(Forward(self.now())))
+        post = model.register_forward_hook(lambda *_: setattr(self.forwards[-1], "end",
+                                                              self.now()))
+        if update is not None:
+            PagedAttentionCache.update = timed_update
+        try:
+            yield self
+        finally:
+            if update is not None:
+                PagedAttentionCache.update = update
+            pre.remove()
+            post.remove()
+
+
+def split(f: Forward, next_start: float | None) -> dict:
+    """A forward's step in ms by part (see the module), with its shape."""
+    forward = f.end - f.start
+    step = (next_start if next_start is not None else f.end) - f.start
+    s = f.seconds
+    ours, base = s["attention_call"] - s["base"], s["base"]
+    rest = max(forward - s["attention_call"] - s["cache"], 0.0)
+    tokens = f.decode + f.prefill_tokens
+    share = rest * f.prefill_tokens / tokens if tokens else 0.0
+    ms = {"attention": ours, "cache": s["cache"], "prefill": base + share,
+          "model_rest": rest - share, "python": max(step - forward, 0.0)}
+    return {**{f"{k}_ms": v * 1e3 for k, v in ms.items()}, "step_ms": step * 1e3,
+            "forward_ms": forward * 1e3, "decode_requests": f.decode,
+            "prefill_tokens": f.prefill_tokens}
+
+
+def step_parts(clock: StepClock) -> list[dict]:
+    """One dict per forward of the run, in order (see split)."""
+    done = [f for f in clock.forwards if f.end == f.end]  # a forward that finished
+    return [split(f, done[i + 1].start if i + 1 < len(done) else None)
+            for i, f in enumerate(done)]
+
+
+def shares(steps: list[dict]) -> dict:
+    """Each part's share of the decode steps' time (those with a decode request), and their
+    mean step in ms; {} without decode steps."""
+    decodes = [s for s in steps if s["decode_requests"]]
+    total = sum(s["step_ms"] for s in decodes)
+    if not decodes or total <= 0:
+        return {}
+    return {**{f"{p}_share": sum(s[f"{p}_ms"] for s in decodes) / total for p in PARTS},
+            "step_ms_mean": total / len(decodes), "decode_steps": len(decodes)}
