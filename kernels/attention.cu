@@ -22,7 +22,9 @@
 // computed left no loads in flight during the math: 0.74). Only valid slots of the tail page are
 // fetched (zero-size copies elsewhere) and their scores are set to -inf, so NaN or huge values in
 // unused slots never reach the math. Scores are kept in log2 units (scaled by log2(e)/sqrt(D));
-// lse is returned in natural log. Figures and history: notes/KERNELS.md.
+// lse is returned in natural log. The online softmax of the tiles, the combine of the warps and
+// both merges of the splits is one state (kernels/softmax_state.cuh). This is the one cp.async
+// ring loop of the kernels. Figures and history: notes/KERNELS.md.
 #include "attention_merge.cuh"
 
 // The row's place and page tables: inputs of the step, ready before the grid before ends. Rows
@@ -60,20 +62,19 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, 
   __syncthreads();
   for (int idx = threadIdx.x; idx < r.nq * D; idx += blockDim.x) {
     const int h = idx / D, dim = idx % D;
-    float M = s_m[0][h];
+    SoftmaxState row{s_m[0][h], 0.f};  // the warps' maximum, then their sums merged
 #pragma unroll
-    for (int w = 1; w < ATT_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
-    const float M_use = M == -__int_as_float(0x7f800000) ? 0.f : M;
-    float L = 0.f, A = 0.f;
+    for (int w = 1; w < ATT_WARPS; ++w) row.m = fmaxf(row.m, s_m[w][h]);
+    const float use = SoftmaxState::offset(row.m);
+    float A = 0.f;
 #pragma unroll
     for (int w = 0; w < ATT_WARPS; ++w) {
-      const float f = exp2f(s_m[w][h] - M_use);
-      L += s_l[w][h] * f;
+      const float f = row.merge(s_m[w][h], s_l[w][h], use);
       A += s_acc[w][h][dim] * f;
     }
-    float o = L > 0.f ? A / L : 0.f;
+    float o = row.out(A);
     if (SCALE_O) o *= o_scale;
-    const float lse2 = L > 0.f ? M + log2f(L) : M;
+    const float lse2 = row.lse2();
     if (splits == 1) {
       const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
       out[qh * D + dim] = Storage<T>::from_float(o);

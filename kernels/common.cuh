@@ -254,3 +254,8 @@ QP_DEVICE int request_of(const int* __restrict__ indptr, int batch, int i) {
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
+// +-infinity, named once: a masked score and the maximum of a row with no key (NEG_INF), the
+// identities of a min / max. __builtin_bit_cast is a constant expression under nvcc and NVRTC
+// (NVRTC 13.0 has no __builtin_huge_valf, and __int_as_float is not constexpr).
+constexpr float POS_INF = __builtin_bit_cast(float, 0x7f800000u);
+constexpr float NEG_INF = -POS_INF;

@@ -177,7 +177,7 @@ struct QHeads {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const int e = (int)((__float_as_uint(amax) >> 23) & 0xff) - 127;  // amax's exponent
-    return amax > 0.f && amax < __int_as_float(0x7f800000) ? max(-112, min(126, 14 - e)) : 0;
+    return amax > 0.f && amax < POS_INF ? max(-112, min(126, 14 - e)) : 0;
   }
 
   static QP_DEVICE uint4 to_fp16(const uint4& v, float f) {
@@ -278,7 +278,7 @@ QP_DEVICE void finish_chunk(const float (&acc)[NT][4], const float (&col_scale)[
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[nt][e] = keys ? acc[nt][2 * rr + e] * col_scale[nt][e] : -__int_as_float(0x7f800000);
+        s[nt][e] = keys ? acc[nt][2 * rr + e] * col_scale[nt][e] : NEG_INF;
 #pragma unroll
         for (int o = 4; o < 4 * BOXES; o <<= 1)  // the page's boxes: rows of lanes 4 apart
           s[nt][e] = fmaxf(s[nt][e], __shfl_xor_sync(0xffffffffu, s[nt][e], o));
@@ -295,7 +295,7 @@ QP_DEVICE void finish_chunk(const float (&acc)[NT][4], const float (&col_scale)[
       continue;
     }
     const bool max_mode = args.mode == SHARED_MAX;
-    float x = max_mode ? -__int_as_float(0x7f800000) : 0.f;
+    float x = max_mode ? NEG_INF : 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

@@ -72,7 +72,7 @@ summary_kernel(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
     word_t<TS>* out = summ + (head * BOXES + box) * 2 * D + c * VEC;
     float lo[VEC], hi[VEC], x[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) { lo[j] = __int_as_float(0x7f800000); hi[j] = -lo[j]; }
+    for (int j = 0; j < VEC; ++j) { lo[j] = POS_INF; hi[j] = NEG_INF; }
     if (SAME && slots.merge) {  // merge into the box's stored min / max
       read8<TS>(out, lo);
       read8<TS>(out + D, hi);
