@@ -137,7 +137,7 @@ struct CoreTile : Ring<T, D, G, false> {
     const int c = lane % LANES;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      unpack8<T>(load16(qb + (size_t)h * D + c * VEC), q[h]);
+      unpack8<T>(load16_ro(qb + (size_t)h * D + c * VEC), q[h]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
       state[h].init();
@@ -296,13 +296,13 @@ struct MmaTile : Ring<KV, D, G, true> {
         init_fp8(qb, kk, g, lane % 4, nq);
       } else {
         const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
-        q_at(kk, 0, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row) : 0u;
-        q_at(kk, 1, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
+        q_at(kk, 0, 0) = g < nq ? load4_ro(row) : 0u;
+        q_at(kk, 1, 0) = g < nq ? load4_ro(row + 8) : 0u;
         if constexpr (QW == 4) {
           qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
           if (HI && g + 8 < nq) {
-            q_at(kk, 0, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D);
-            q_at(kk, 1, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D + 8);
+            q_at(kk, 0, 1) = load4_ro(row + 8 * D);
+            q_at(kk, 1, 1) = load4_ro(row + 8 * D + 8);
           }
         }
       }
@@ -322,7 +322,8 @@ struct MmaTile : Ring<KV, D, G, true> {
     for (int r = 0; r < NR; ++r) {
       const int row = g + 8 * r;
       uint2 w = make_uint2(0u, 0u);
-      if (row < nq) w = *reinterpret_cast<const uint2*>(qb + (size_t)row * D + kk * 16 + 4 * c);
+      const uint16_t* at = qb + (size_t)row * D + kk * 16 + 4 * c;
+      if (row < nq) w = __ldg(reinterpret_cast<const uint2*>(at));
       const float f0 = Storage<T>::to_float(w.x & 0xffffu), f1 = Storage<T>::to_float(w.x >> 16);
       const float f2 = Storage<T>::to_float(w.y & 0xffffu), f3 = Storage<T>::to_float(w.y >> 16);
       q_at(kk, 0, r) = pack_f16_sat(f0, f2);

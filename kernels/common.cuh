@@ -104,6 +104,15 @@ __host__ __device__ constexpr int row_lanes(int d) { return pow2_at_least(d / VE
 // Plain 16-byte global load; KV pages are read once, so no cache hints beyond the default.
 QP_DEVICE uint4 load16(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// 16 / 4 bytes that no grid writes while this one runs, through the read-only path
+// (ld.global.nc): what nvcc chose itself for a __restrict__ kernel parameter. A pointer taken from
+// a params struct (kernels/params.cuh) loses that after any asm with a memory clobber
+// (cp.async, griddepcontrol), so the kernels say it where they did before.
+QP_DEVICE uint4 load16_ro(const uint16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+QP_DEVICE uint32_t load4_ro(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
 // Streaming 16-byte load (evict-first): KV pages of a decode step are not re-read by this launch.
 QP_DEVICE uint4 load16_stream(const uint16_t* p) {
   uint4 r;
