@@ -322,8 +322,8 @@ struct MmaTile : Ring<KV, D, G, true> {
     for (int r = 0; r < NR; ++r) {
       const int row = g + 8 * r;
       uint2 w = make_uint2(0u, 0u);
-      const uint16_t* at = qb + (size_t)row * D + kk * 16 + 4 * c;
-      if (row < nq) w = __ldg(reinterpret_cast<const uint2*>(at));
+      if (row < nq)
+        w = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)row * D + kk * 16 + 4 * c));
       const float f0 = Storage<T>::to_float(w.x & 0xffffu), f1 = Storage<T>::to_float(w.x >> 16);
       const float f2 = Storage<T>::to_float(w.y & 0xffffu), f3 = Storage<T>::to_float(w.y >> 16);
       q_at(kk, 0, r) = pack_f16_sat(f0, f2);
