@@ -22,8 +22,11 @@
 // computed left no loads in flight during the math: 0.74). Only valid slots of the tail page are
 // fetched (zero-size copies elsewhere) and their scores are set to -inf, so NaN or huge values in
 // unused slots never reach the math. Scores are kept in log2 units (scaled by log2(e)/sqrt(D));
-// lse is returned in natural log. Figures and history: notes/KERNELS.md.
+// lse is returned in natural log. The online softmax of the tiles, the combine of the warps and
+// both merges of the splits is one state (kernels/softmax_state.cuh). This is the one cp.async
+// ring loop of the kernels. Figures and history: notes/KERNELS.md.
 #include "attention_merge.cuh"
+#include "params.cuh"
 
 // The row's place and page tables: inputs of the step, ready before the grid before ends. Rows
 // of a request: KV head j / chunks, chunk j % chunks of chunk_size q heads (the last one shorter).
@@ -39,9 +42,9 @@ QP_DEVICE RowPlan plan_row(const int* __restrict__ indptr, const int* __restrict
   r.qh0 = r.kv_head * group + first;
   r.nq = min(chunk_size, group - first);
   r.sel_head = sel_per_q ? r.qh0 : r.kv_head;
-  r.indptr_b = indptr[r.b];
-  r.req_pages = indptr[r.b + 1] - r.indptr_b;
-  r.tail_len = last_len[r.b];
+  r.indptr_b = __ldg(indptr + r.b);
+  r.req_pages = __ldg(indptr + r.b + 1) - r.indptr_b;
+  r.tail_len = __ldg(last_len + r.b);
   r.row_pages = r.req_pages;  // a selection's count replaces it after grid_wait
   return r;
 }
@@ -60,20 +63,19 @@ QP_DEVICE void combine(const St& st, const RowPlan& r, int q_heads, int splits, 
   __syncthreads();
   for (int idx = threadIdx.x; idx < r.nq * D; idx += blockDim.x) {
     const int h = idx / D, dim = idx % D;
-    float M = s_m[0][h];
+    SoftmaxState row{s_m[0][h], 0.f};  // the warps' maximum, then their sums merged
 #pragma unroll
-    for (int w = 1; w < ATT_WARPS; ++w) M = fmaxf(M, s_m[w][h]);
-    const float M_use = M == -__int_as_float(0x7f800000) ? 0.f : M;
-    float L = 0.f, A = 0.f;
+    for (int w = 1; w < ATT_WARPS; ++w) row.m = fmaxf(row.m, s_m[w][h]);
+    const float use = SoftmaxState::offset(row.m);
+    float A = 0.f;
 #pragma unroll
     for (int w = 0; w < ATT_WARPS; ++w) {
-      const float f = exp2f(s_m[w][h] - M_use);
-      L += s_l[w][h] * f;
+      const float f = row.merge(s_m[w][h], s_l[w][h], use);
       A += s_acc[w][h][dim] * f;
     }
-    float o = L > 0.f ? A / L : 0.f;
+    float o = row.out(A);
     if (SCALE_O) o *= o_scale;
-    const float lse2 = L > 0.f ? M + log2f(L) : M;
+    const float lse2 = row.lse2();
     if (splits == 1) {
       const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
       out[qh * D + dim] = Storage<T>::from_float(o);
@@ -122,7 +124,8 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
   }
 }
 
-// grid (splits, B * kv_heads * chunks), block 128. sel == nullptr: dense over all pages.
+// grid (splits, B * kv_heads * chunks), block 128; the launch's AttentionParams
+// (kernels/params.cuh). sel == nullptr: dense over all pages.
 // row_done [B * kv_heads * chunks] int32 must be 0 at launch, and is 0 again when the kernel ends.
 // count is [B], or [Hs, B] when count_per_head (selections of different sizes per head); a row
 // with no page writes out = 0 and lse = -inf, a partial that a log-sum-exp merge ignores.
@@ -139,18 +142,22 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
 // plans the CTAs per SM it leaves room for (backends/variants.py, attention_launch).
 // merge: 1 = the wide merge of the splits (QP_TUNE merge=wide) where its scratch fits the ring,
 // 0 = the old one (attention_merge.cuh).
+// attention_kernel's body, over its params' fields (the kernel below unpacks them). A pointer read
+// from a params struct is not known read-only past an asm with a memory clobber (cp.async,
+// griddepcontrol), so the loads nvcc made ld.global.nc through __restrict__ kernel parameters
+// say so (__ldg, load16_ro, load4_ro).
 template <typename T, typename KV, int D, int S, int G, int NS>
-__global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
-attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
-                 const word_t<KV>* __restrict__ v, const int* __restrict__ indptr,
-                 const int* __restrict__ indices, const int* __restrict__ last_len,
-                 const int* __restrict__ sel, const int* __restrict__ count, int batch,
-                 int q_heads, int kv_heads, int chunks, int chunk_size, int sel_per_q, int k_sel,
-                 int count_per_head, int pages_per_split, int page_shift, float scale_log2,
-                 uint16_t* __restrict__ out, float* __restrict__ lse, float* __restrict__ ws_o,
-                 float* __restrict__ ws_lse, int* __restrict__ row_done,
-                 const float* __restrict__ k_scale, const float* __restrict__ v_scale,
-                 int merge) {
+QP_DEVICE void attention_run(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
+                              const word_t<KV>* __restrict__ v, const int* __restrict__ indptr,
+                              const int* __restrict__ indices, const int* __restrict__ last_len,
+                              const int* __restrict__ sel, const int* __restrict__ count,
+                              int batch, int q_heads, int kv_heads, int chunks, int chunk_size,
+                              int sel_per_q, int k_sel, int count_per_head, int pages_per_split,
+                              int page_shift, float scale_log2, uint16_t* __restrict__ out,
+                              float* __restrict__ lse, float* __restrict__ ws_o,
+                              float* __restrict__ ws_lse, int* __restrict__ row_done,
+                              const float* __restrict__ k_scale,
+                              const float* __restrict__ v_scale, int merge) {
   using St = Tile<T, KV, D, G>;
   static_assert(NS >= 2, "a ring holds the tile computed and at least one in flight");
   const Paging<S> pg(page_shift);
@@ -167,8 +174,8 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
   St st;
   float o_scale = 1.f;
   if constexpr (is_e4m3<KV>) {  // the cache's scales: inputs of the step too
-    scale_log2 *= k_scale[r.kv_head] * E4M3_UNIT;
-    o_scale = v_scale[r.kv_head] * E4M3_UNIT;
+    scale_log2 *= __ldg(k_scale + r.kv_head) * E4M3_UNIT;
+    o_scale = __ldg(v_scale + r.kv_head) * E4M3_UNIT;
   }
   st.init(q + ((size_t)r.b * q_heads + r.qh0) * D, lane, scale_log2, r.nq);
   grid_wait();
@@ -189,7 +196,7 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
   for (int u = 0; u < PER_THREAD; ++u) {
     const int i = threadIdx.x + u * ATT_WARPS * 32;
     if (i < nb) {
-      s_page[i] = indices[r.indptr_b + pos[u]];
+      s_page[i] = __ldg(indices + r.indptr_b + pos[u]);
       s_valid[i] = pos[u] == r.req_pages - 1 ? r.tail_len : pg.size();
     }
   }
@@ -219,6 +226,17 @@ attention_kernel(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ 
   }
   finish<T, KV, D, G, NS>(st, r, q_heads, splits, o_scale, out, lse, ws_o, ws_lse, row_done,
                           att_ring, merge);
+}
+
+template <typename T, typename KV, int D, int S, int G, int NS>
+__global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
+attention_kernel(const __grid_constant__ AttentionParams p) {
+  const PagedCache& c = p.cache;
+  attention_run<T, KV, D, S, G, NS>(
+      p.q, c.keys<KV>(), c.values<KV>(), c.indptr, c.indices, c.last_page_len, p.sel, p.count,
+      c.batch, p.q_heads, c.kv_heads, p.chunks, p.chunk_size, p.sel_per_q, p.k_sel,
+      p.count_per_head, p.pages_per_split, c.page_shift, p.scale_log2, p.out, p.lse, p.ws_o,
+      p.ws_lse, p.row_done, c.k_scale, c.v_scale, p.merge);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

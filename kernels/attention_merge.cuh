@@ -48,13 +48,13 @@ QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __
                             float* __restrict__ lse, int splits, int q_heads, const RowPlan& r) {
   constexpr int THREADS = ATT_WARPS * 32, PER = (G * D + THREADS - 1) / THREADS;
   constexpr int PB = PER < PASS ? PER : PASS, CH = PB >= 8 ? 4 : 8;
-  const float NEG_INF = -__int_as_float(0x7f800000);
   const int row = blockIdx.y, n_out = r.nq * D;
 #pragma unroll 1
   for (int i0 = 0; i0 < PER; i0 += PB) {
-    float M[PB], W[PB], A[PB];
+    SoftmaxState st[PB];  // each output's maximum and sum of weights
+    float A[PB];
 #pragma unroll
-    for (int i = 0; i < PB; ++i) { M[i] = NEG_INF; W[i] = 0.f; A[i] = 0.f; }
+    for (int i = 0; i < PB; ++i) { st[i].init(); A[i] = 0.f; }
     for (int s0 = 0; s0 < splits; s0 += CH) {
       float l[PB][CH], o[PB][CH];
 #pragma unroll
@@ -70,30 +70,26 @@ QP_DEVICE void merge_splits(const float* ws_o, const float* ws_lse, uint16_t* __
       }
 #pragma unroll
       for (int i = 0; i < PB; ++i) {
-        float m = M[i];
+        float m = st[i].m;
 #pragma unroll
         for (int j = 0; j < CH; ++j) m = fmaxf(m, l[i][j]);
-        const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all so far
-        const float scale = exp2f(M[i] - m_use);    // M = -inf: W = A = 0, scale 0
-        W[i] *= scale;
-        A[i] *= scale;
+        float use;  // 0 for a row with no page at all so far
+        A[i] *= st[i].update(m, use);  // m was -inf: sum and A 0, the factor 0
 #pragma unroll
         for (int j = 0; j < CH; ++j) {
-          const float w = exp2f(l[i][j] - m_use);
-          W[i] += w;
+          const float w = SoftmaxState::weight(l[i][j], use);
+          st[i].add(w);
           A[i] = fmaf(w, o[i][j], A[i]);
         }
-        M[i] = m;
       }
     }
 #pragma unroll
     for (int i = 0; i < PB; ++i) {
       const int idx = threadIdx.x + (i0 + i) * THREADS, h = idx / D, dim = idx % D;
       if (idx >= n_out) continue;
-      const float M_use = M[i] == NEG_INF ? 0.f : M[i];
       const size_t qh = (size_t)r.b * q_heads + r.qh0 + h;
-      out[qh * D + dim] = Storage<T>::from_float(W[i] > 0.f ? A[i] / W[i] : 0.f);
-      if (dim == 0) lse[qh] = W[i] > 0.f ? (M_use + log2f(W[i])) * LN2 : M[i];
+      out[qh * D + dim] = Storage<T>::from_float(st[i].out(A[i]));
+      if (dim == 0) lse[qh] = st[i].lse();
     }
   }
 }
@@ -133,7 +129,6 @@ QP_DEVICE void merge_wide(const float* ws_o, const float* ws_lse, uint16_t* __re
                           float* __restrict__ lse, int splits, int q_heads, const RowPlan& r,
                           float* scratch) {
   using M = WideMerge<G, D>;
-  const float NEG_INF = -__int_as_float(0x7f800000);
   const int n = splits * G, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* s_w = scratch;                  // [splits][G]: lse, then 2^(lse - max)
   float* s_sum = scratch + n;            // [G]
@@ -152,20 +147,20 @@ QP_DEVICE void merge_wide(const float* ws_o, const float* ws_lse, uint16_t* __re
   }
   __syncthreads();
   for (int h = warp; h < r.nq; h += ATT_WARPS) {  // a warp per q head: max, weights, sum
-    float m = NEG_INF;
-    for (int s = lane; s < splits; s += 32) m = fmaxf(m, s_w[s * G + h]);
-    m = across_groups_max<1>(m);
-    const float m_use = m == NEG_INF ? 0.f : m;  // a row with no page at all: weights 0
-    float sum = 0.f;
+    SoftmaxState row;  // the splits' maximum, then the sum of their weights
+    row.init();
+    for (int s = lane; s < splits; s += 32) row.m = fmaxf(row.m, s_w[s * G + h]);
+    row.m = across_groups_max<1>(row.m);
+    const float use = SoftmaxState::offset(row.m);  // a row with no page at all: weights 0
     for (int s = lane; s < splits; s += 32) {
-      const float w = exp2f(s_w[s * G + h] - m_use);  // an empty split: lse -inf, weight 0
+      const float w = SoftmaxState::weight(s_w[s * G + h], use);  // an empty split: weight 0
       s_w[s * G + h] = w;
-      sum += w;
+      row.add(w);
     }
-    sum = across_groups_sum<1>(sum);
+    row.l = across_groups_sum<1>(row.l);
     if (lane == 0) {
-      s_sum[h] = sum;
-      lse[(size_t)r.b * q_heads + r.qh0 + h] = sum > 0.f ? (m_use + log2f(sum)) * LN2 : m;
+      s_sum[h] = row.l;
+      lse[(size_t)r.b * q_heads + r.qh0 + h] = row.lse();
     }
   }
   __syncthreads();
@@ -221,12 +216,12 @@ QP_DEVICE void merge_wide(const float* ws_o, const float* ws_lse, uint16_t* __re
   for (int k = 0; k < M::CPT; ++k) {
     if (!on[k]) continue;
     const int h = col[k] * 4 / D, dim = col[k] * 4 % D;
-    const float W = s_sum[h];
+    const SoftmaxState row{0.f, s_sum[h]};  // only its sum divides
     uint16_t* o = out + ((size_t)r.b * q_heads + r.qh0 + h) * D + dim;
-    o[0] = Storage<T>::from_float(W > 0.f ? acc[k].x / W : 0.f);
-    o[1] = Storage<T>::from_float(W > 0.f ? acc[k].y / W : 0.f);
-    o[2] = Storage<T>::from_float(W > 0.f ? acc[k].z / W : 0.f);
-    o[3] = Storage<T>::from_float(W > 0.f ? acc[k].w / W : 0.f);
+    o[0] = Storage<T>::from_float(row.out(acc[k].x));
+    o[1] = Storage<T>::from_float(row.out(acc[k].y));
+    o[2] = Storage<T>::from_float(row.out(acc[k].z));
+    o[3] = Storage<T>::from_float(row.out(acc[k].w));
   }
 }
 

@@ -10,7 +10,7 @@
 // 13.7 -> 14.0 us, so G = 1 keeps CoreTile. (ncu, MHA dense 32K: 61.0M -> 40.3M instructions at
 // the same 135 us: at G = 1 the time goes to each warp's tile latency, not to issue slots.)
 #pragma once
-#include "common.cuh"
+#include "softmax_state.cuh"
 
 // Loads per lane per tile (NL: 8 gives 16 tokens at D 128, 32 at D 64, 8 at D 256) and the
 // default depth of the per-warp ring (NS), from constants.cuh; attention_kernel takes its depth
@@ -129,18 +129,18 @@ template <typename T, int D, int G>
 struct CoreTile : Ring<T, D, G, false> {
   using R = Ring<T, D, G, false>;
   using R::LANES, R::TPL, R::NL;
-  float q[G][VEC], acc[G][VEC], m[G], l[G];
+  float q[G][VEC], acc[G][VEC];
+  SoftmaxState state[G];  // row h: maximum (log2 units) and this lane's sum
 
   // q pre-scaled by log2(e)/sqrt(D): scores in log2 units.
   QP_DEVICE void init(const uint16_t* __restrict__ qb, int lane, float scale, int /*nq = G*/) {
     const int c = lane % LANES;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      unpack8<T>(load16(qb + (size_t)h * D + c * VEC), q[h]);
+      unpack8<T>(load16_ro(qb + (size_t)h * D + c * VEC), q[h]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) { q[h][j] *= scale; acc[h][j] = 0.f; }
-      m[h] = -__int_as_float(0x7f800000);
-      l[h] = 0.f;
+      state[h].init();
     }
   }
 
@@ -160,7 +160,7 @@ struct CoreTile : Ring<T, D, G, false> {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) dot = fmaf(q[h][j], x[j], dot);
         dot = group_sum<LANES>(dot);
-        s[h][i] = ok ? dot : -__int_as_float(0x7f800000);
+        s[h][i] = ok ? dot : NEG_INF;
       }
     }
 #pragma unroll
@@ -168,15 +168,16 @@ struct CoreTile : Ring<T, D, G, false> {
       float tmax = s[h][0];
 #pragma unroll
       for (int i = 1; i < NL; ++i) tmax = fmaxf(tmax, s[h][i]);
-      const float m_new = fmaxf(m[h], across_groups_max<LANES>(tmax));
-      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-      const float rescale = exp2f(m[h] - m_use);
-      l[h] *= rescale;
+      const float m_new = fmaxf(state[h].m, across_groups_max<LANES>(tmax));
+      float use;
+      const float rescale = state[h].update(m_new, use);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) acc[h][j] *= rescale;
 #pragma unroll
-      for (int i = 0; i < NL; ++i) { s[h][i] = exp2f(s[h][i] - m_use); l[h] += s[h][i]; }
-      m[h] = m_new;
+      for (int i = 0; i < NL; ++i) {
+        s[h][i] = SoftmaxState::weight(s[h][i], use);
+        state[h].add(s[h][i]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < NL; ++i) {
@@ -193,13 +194,13 @@ struct CoreTile : Ring<T, D, G, false> {
     const int c = lane % LANES;
 #pragma unroll
     for (int h = 0; h < G; ++h) {
-      const float sum = across_groups_sum<LANES>(l[h]);
+      const float sum = across_groups_sum<LANES>(state[h].l);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         const float a = across_groups_sum<LANES>(acc[h][j]);
         if (lane < LANES) s_acc[h][c * VEC + j] = a;
       }
-      if (lane == 0) { s_m[h] = m[h]; s_l[h] = sum; }
+      if (lane == 0) { s_m[h] = state[h].m; s_l[h] = sum; }
     }
   }
 };
@@ -277,7 +278,8 @@ struct MmaTile : Ring<KV, D, G, true> {
   // (D 256 / G 4 spilled 4 bytes at 255 registers with them).
   static constexpr int QW = HI || (!FP8 && measured_variant(D, G)) ? 4 : 2;
   uint32_t qa[KS][QW];
-  float acc[ND][4], m[NR], l[NR], scale;  // output tiles; row max (log2 units), this lane's sum
+  float acc[ND][4], scale;  // output tiles
+  SoftmaxState state[NR];   // rows g (and g + 8): maximum (log2 units), this lane's sum
 
   QP_DEVICE uint32_t& q_at(int kk, int half, int r) { return qa[kk][half * (QW / 2) + r]; }
   struct Frag { uint32_t r[4]; };
@@ -294,13 +296,13 @@ struct MmaTile : Ring<KV, D, G, true> {
         init_fp8(qb, kk, g, lane % 4, nq);
       } else {
         const uint16_t* row = qb + (size_t)g * D + kk * 16 + col;
-        q_at(kk, 0, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row) : 0u;
-        q_at(kk, 1, 0) = g < nq ? *reinterpret_cast<const uint32_t*>(row + 8) : 0u;
+        q_at(kk, 0, 0) = g < nq ? load4_ro(row) : 0u;
+        q_at(kk, 1, 0) = g < nq ? load4_ro(row + 8) : 0u;
         if constexpr (QW == 4) {
           qa[kk][1] = qa[kk][3] = 0u;  // rows 8..15
           if (HI && g + 8 < nq) {
-            q_at(kk, 0, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D);
-            q_at(kk, 1, 1) = *reinterpret_cast<const uint32_t*>(row + 8 * D + 8);
+            q_at(kk, 0, 1) = load4_ro(row + 8 * D);
+            q_at(kk, 1, 1) = load4_ro(row + 8 * D + 8);
           }
         }
       }
@@ -308,10 +310,7 @@ struct MmaTile : Ring<KV, D, G, true> {
 #pragma unroll
     for (int n = 0; n < ND; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-    for (int r = 0; r < NR; ++r) {
-      m[r] = -__int_as_float(0x7f800000);
-      l[r] = 0.f;
-    }
+    for (int r = 0; r < NR; ++r) state[r].init();
     scale = scale_log2;
   }
 
@@ -323,7 +322,8 @@ struct MmaTile : Ring<KV, D, G, true> {
     for (int r = 0; r < NR; ++r) {
       const int row = g + 8 * r;
       uint2 w = make_uint2(0u, 0u);
-      if (row < nq) w = *reinterpret_cast<const uint2*>(qb + (size_t)row * D + kk * 16 + 4 * c);
+      if (row < nq)
+        w = __ldg(reinterpret_cast<const uint2*>(qb + (size_t)row * D + kk * 16 + 4 * c));
       const float f0 = Storage<T>::to_float(w.x & 0xffffu), f1 = Storage<T>::to_float(w.x >> 16);
       const float f2 = Storage<T>::to_float(w.y & 0xffffu), f3 = Storage<T>::to_float(w.y >> 16);
       q_at(kk, 0, r) = pack_f16_sat(f0, f2);
@@ -416,7 +416,7 @@ struct MmaTile : Ring<KV, D, G, true> {
     const int col = 2 * (lane % 4);
     float tmax[NR];
 #pragma unroll
-    for (int r = 0; r < NR; ++r) tmax[r] = -__int_as_float(0x7f800000);
+    for (int r = 0; r < NR; ++r) tmax[r] = NEG_INF;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
@@ -424,7 +424,7 @@ struct MmaTile : Ring<KV, D, G, true> {
         const bool ok = token_valid(pg, s_valid, nb, tok0 + j * 8 + col + e);
 #pragma unroll
         for (int r = 0; r < NR; ++r) {
-          s[j][2 * r + e] = ok ? s[j][2 * r + e] * scale : -__int_as_float(0x7f800000);
+          s[j][2 * r + e] = ok ? s[j][2 * r + e] * scale : NEG_INF;
           tmax[r] = fmaxf(tmax[r], s[j][2 * r + e]);
         }
       }
@@ -432,18 +432,15 @@ struct MmaTile : Ring<KV, D, G, true> {
     for (int r = 0; r < NR; ++r) {
       tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));  // the row's 4 lanes
       tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-      const float m_new = fmaxf(m[r], tmax[r]);
-      const float m_use = m_new == -__int_as_float(0x7f800000) ? 0.f : m_new;
-      const float rescale = exp2f(m[r] - m_use);
-      l[r] *= rescale;
+      float use;
+      const float rescale = state[r].update(fmaxf(state[r].m, tmax[r]), use);
 #pragma unroll
       for (int n = 0; n < ND; ++n) { acc[n][2 * r] *= rescale; acc[n][2 * r + 1] *= rescale; }
-      m[r] = m_new;
 #pragma unroll
       for (int j = 0; j < NT; ++j) {
-        s[j][2 * r] = exp2f(s[j][2 * r] - m_use);
-        s[j][2 * r + 1] = exp2f(s[j][2 * r + 1] - m_use);
-        l[r] += s[j][2 * r] + s[j][2 * r + 1];
+        s[j][2 * r] = SoftmaxState::weight(s[j][2 * r], use);
+        s[j][2 * r + 1] = SoftmaxState::weight(s[j][2 * r + 1], use);
+        state[r].add(s[j][2 * r] + s[j][2 * r + 1]);
       }
     }
 #pragma unroll
@@ -474,17 +471,17 @@ struct MmaTile : Ring<KV, D, G, true> {
     const int g = lane / 4, col = 2 * (lane % 4);
 #pragma unroll
     for (int r = 0; r < NR; ++r) {
-      float sum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+      float sum = state[r].l + __shfl_xor_sync(0xffffffffu, state[r].l, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const int row = g + 8 * r;
-      if (row >= nq) continue;
+      const int at = g + 8 * r;
+      if (at >= nq) continue;
 #pragma unroll
       for (int n = 0; n < ND; ++n) {  // E4M3: the even / odd tiles of a 16-dim piece
         const int d0 = FP8 ? n / 2 * 16 + 2 * col + n % 2 : n * 8 + col;
-        s_acc[row][d0] = acc[n][2 * r];
-        s_acc[row][d0 + (FP8 ? 2 : 1)] = acc[n][2 * r + 1];
+        s_acc[at][d0] = acc[n][2 * r];
+        s_acc[at][d0 + (FP8 ? 2 : 1)] = acc[n][2 * r + 1];
       }
-      if (lane % 4 == 0) { s_m[row] = m[r]; s_l[row] = sum; }
+      if (lane % 4 == 0) { s_m[at] = state[r].m; s_l[at] = sum; }
     }
   }
 };

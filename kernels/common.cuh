@@ -104,6 +104,15 @@ __host__ __device__ constexpr int row_lanes(int d) { return pow2_at_least(d / VE
 // Plain 16-byte global load; KV pages are read once, so no cache hints beyond the default.
 QP_DEVICE uint4 load16(const uint16_t* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// 16 / 4 bytes that no grid writes while this one runs, through the read-only path
+// (ld.global.nc): what nvcc chose itself for a __restrict__ kernel parameter. A pointer taken from
+// a params struct (kernels/params.cuh) loses that after any asm with a memory clobber
+// (cp.async, griddepcontrol), so the kernels say it where they did before.
+QP_DEVICE uint4 load16_ro(const uint16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+QP_DEVICE uint32_t load4_ro(const uint16_t* p) {
+  return __ldg(reinterpret_cast<const unsigned int*>(p));
+}
+
 // Streaming 16-byte load (evict-first): KV pages of a decode step are not re-read by this launch.
 QP_DEVICE uint4 load16_stream(const uint16_t* p) {
   uint4 r;
@@ -254,3 +263,8 @@ QP_DEVICE int request_of(const int* __restrict__ indptr, int batch, int i) {
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
+// +-infinity, named once: a masked score and the maximum of a row with no key (NEG_INF), the
+// identities of a min / max. __builtin_bit_cast is a constant expression under nvcc and NVRTC
+// (NVRTC 13.0 has no __builtin_huge_valf, and __int_as_float is not constexpr).
+constexpr float POS_INF = __builtin_bit_cast(float, 0x7f800000u);
+constexpr float NEG_INF = -POS_INF;

@@ -30,6 +30,7 @@
 // per request in the tile, with that request's q, and stores only that request's rows. A group over 16 q heads (multi-query) is scored in chunks of at
 // most 16 from the same A registers. Head dims over 128 load their K in two phases (registers).
 #include "common.cuh"
+#include "params.cuh"
 
 enum { PER_HEAD = 0, SHARED_MAX = 1, SHARED_MEAN = 2 };
 
@@ -156,7 +157,7 @@ struct QHeads {
   QP_DEVICE uint4 build(int nt, int j, int c) const {
     const int off = S::offset(c, j);
     const bool neg = off < D;
-    uint4 v = qh[nt] ? load16(qh[nt] + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
+    uint4 v = qh[nt] ? load16_ro(qh[nt] + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
     if constexpr (SCALED) v = to_fp16(v, f[nt]);
     return order_like<TS>(neg ? negative_part(v) : positive_part(v));
   }
@@ -170,14 +171,14 @@ struct QHeads {
       const int off = S::offset(c, j);
       if (!qh || off >= D) continue;
       float x[VEC];
-      unpack8<T>(load16(qh + off), x);
+      unpack8<T>(load16_ro(qh + off), x);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const int e = (int)((__float_as_uint(amax) >> 23) & 0xff) - 127;  // amax's exponent
-    return amax > 0.f && amax < __int_as_float(0x7f800000) ? max(-112, min(126, 14 - e)) : 0;
+    return amax > 0.f && amax < POS_INF ? max(-112, min(126, 14 - e)) : 0;
   }
 
   static QP_DEVICE uint4 to_fp16(const uint4& v, float f) {
@@ -278,7 +279,7 @@ QP_DEVICE void finish_chunk(const float (&acc)[NT][4], const float (&col_scale)[
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        s[nt][e] = keys ? acc[nt][2 * rr + e] * col_scale[nt][e] : -__int_as_float(0x7f800000);
+        s[nt][e] = keys ? acc[nt][2 * rr + e] * col_scale[nt][e] : NEG_INF;
 #pragma unroll
         for (int o = 4; o < 4 * BOXES; o <<= 1)  // the page's boxes: rows of lanes 4 apart
           s[nt][e] = fmaxf(s[nt][e], __shfl_xor_sync(0xffffffffu, s[nt][e], o));
@@ -295,7 +296,7 @@ QP_DEVICE void finish_chunk(const float (&acc)[NT][4], const float (&col_scale)[
       continue;
     }
     const bool max_mode = args.mode == SHARED_MAX;
-    float x = max_mode ? -__int_as_float(0x7f800000) : 0.f;
+    float x = max_mode ? NEG_INF : 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -373,13 +374,14 @@ QP_DEVICE void score_unit(const uint16_t* __restrict__ q, const word_t<TS>* __re
 // BOXES, 2, D], each score the largest over the page's boxes that hold keys). The grid is at most
 // one resident wave (EST_NTILE_BLOCKS per SM, constants.cuh); warp w scores units [U w / W,
 // U (w + 1) / W) of the U = Hkv x tiles units.
+// The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
+// kernels/common.cuh, load16_ro).
 template <typename T, typename TS, int D, int NT, int BOXES>
-__global__ void __launch_bounds__(EST_WARPS * 32, EST_NTILE_BLOCKS[NT - 1])
-estimate_kernel(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
-                const int* __restrict__ indptr, const int* __restrict__ indices,
-                float* __restrict__ scores, int batch, int kv_heads, int nnz, int group, int mode,
-                const float* __restrict__ k_scale, const int* __restrict__ last_page_len,
-                int box_tokens) {
+QP_DEVICE void estimate_run(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
+                            const int* __restrict__ indptr, const int* __restrict__ indices,
+                            float* __restrict__ scores, int batch, int kv_heads, int nnz,
+                            int group, int mode, const float* __restrict__ k_scale,
+                            const int* __restrict__ last_page_len, int box_tokens) {
   const EstimateArgs args{batch, kv_heads, nnz, group, mode, k_scale, last_page_len, box_tokens};
   const int lane = threadIdx.x & 31, g = lane >> 2;
   const int warps = gridDim.x * EST_WARPS, w = blockIdx.x * EST_WARPS + (threadIdx.x >> 5);
@@ -403,6 +405,15 @@ estimate_kernel(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ s
     base[0] = next[0];
     base[1] = next[1];
   }
+}
+
+template <typename T, typename TS, int D, int NT, int BOXES>
+__global__ void __launch_bounds__(EST_WARPS * 32, EST_NTILE_BLOCKS[NT - 1])
+estimate_kernel(const EstimateParams p) {
+  const PagedCache& c = p.cache;
+  estimate_run<T, TS, D, NT, BOXES>(p.q, static_cast<const word_t<TS>*>(p.summ), c.indptr,
+                                    c.indices, p.scores, c.batch, c.kv_heads, p.nnz, p.group,
+                                    p.mode, p.summ_scale, c.last_page_len, p.box_tokens);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

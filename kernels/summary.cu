@@ -13,6 +13,7 @@
 // max (code x k_scale[h], exact in double) rounded outward, min toward -inf and max toward +inf,
 // so that U_p(q) still bounds q.k of the keys attention reads.
 #include "common.cuh"
+#include "params.cuh"
 
 // Value of one E4M3 code as a float (exact).
 QP_DEVICE float e4m3_value(uint32_t code) {
@@ -53,12 +54,14 @@ QP_DEVICE BoxSlots box_slots(int box, int page_size, int first, int end) {
 }
 
 // BOXES: min / max boxes per page ([N, Hkv, BOXES, 2, d]; quest-boxes:c), 1 for Quest's one.
+// The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
+// kernels/common.cuh, load16_ro).
+// k_scale: the cache's scales (E4M3 cache) or the summaries' (E4M3 over a 16-bit cache).
 template <typename K, typename TS, int D, int BOXES>
-__global__ void __launch_bounds__(SUM_THREADS)
-summary_kernel(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
-               const int* __restrict__ page_ids, const int* __restrict__ first,
-               const int* __restrict__ end, int kv_heads, int page_size,
-               const float* __restrict__ k_scale) {
+QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
+                           const int* __restrict__ page_ids, const int* __restrict__ first,
+                           const int* __restrict__ end, int kv_heads, int page_size,
+                           const float* __restrict__ k_scale) {
   constexpr int CHUNKS = D / VEC;
   constexpr bool SAME = same_tag<K, TS>;  // summaries in the keys' own units
   const int page = page_ids[blockIdx.x];
@@ -72,7 +75,7 @@ summary_kernel(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
     word_t<TS>* out = summ + (head * BOXES + box) * 2 * D + c * VEC;
     float lo[VEC], hi[VEC], x[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) { lo[j] = __int_as_float(0x7f800000); hi[j] = -lo[j]; }
+    for (int j = 0; j < VEC; ++j) { lo[j] = POS_INF; hi[j] = NEG_INF; }
     if (SAME && slots.merge) {  // merge into the box's stored min / max
       read8<TS>(out, lo);
       read8<TS>(out + D, hi);
@@ -110,6 +113,15 @@ summary_kernel(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
     write8<TS>(out, lo);
     write8<TS>(out + D, hi);
   }
+}
+
+template <typename K, typename TS, int D, int BOXES>
+__global__ void __launch_bounds__(SUM_THREADS)
+summary_kernel(const SummaryParams p) {
+  const PagedCache& c = p.cache;
+  summary_run<K, TS, D, BOXES>(c.keys<K>(), static_cast<word_t<TS>*>(p.summ), p.page_ids,
+                               p.first, p.end, c.kv_heads, c.page_size,
+                               is_e4m3<K> ? c.k_scale : p.summ_scale);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

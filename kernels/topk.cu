@@ -17,20 +17,24 @@
 // The device code is in topk.cuh. Dynamic budgets (quest-gap,
 // quest-topp) select K_max pages so, then keep a data-dependent count of them per row
 // (dynamic_select in topk.cuh).
+#include "params.cuh"
 #include "topk.cuh"
 
 // grid (B, Hs), NT threads (TK_THREAD_OPTIONS); dynamic shared memory = pages * 4 bytes when
 // `cached`, at least k_pages * 16 for a dynamic budget (rule, DynamicRule in topk.cuh): count is
 // then [Hs, B], one per row, else [B].
+// The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
+// kernels/common.cuh, load16_ro).
 template <int NT>
-__global__ void __launch_bounds__(NT)
-topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
-            int* __restrict__ sel, int* __restrict__ count, int batch, int nnz, int k_pages,
-            int sinks, int window, int cached, int rule, double param, double scaling) {
+QP_DEVICE void topk_run(const float* __restrict__ scores, const int* __restrict__ indptr,
+                        int* __restrict__ sel, int* __restrict__ count, int batch, int nnz,
+                        int k_pages, int sinks, int window, int cached, int rule, double param,
+                        double scaling) {
   extern __shared__ uint4 dyn[];  // uint4: the compaction reads keys 16 bytes at a time
   __shared__ TopkShared sh;
   const int b = blockIdx.x, h = blockIdx.y;
-  const int start = indptr[b], pages = indptr[b + 1] - start;  // page tables: ready before estimate
+  // page tables: ready before estimate
+  const int start = __ldg(indptr + b), pages = __ldg(indptr + b + 1) - start;
   // Scores come from the grid before (estimate); L2 loads (__ldcg) below, never the read-only
   // path, since that grid may still have been writing them when this one started.
   grid_wait();
@@ -43,6 +47,14 @@ topk_kernel(const float* __restrict__ scores, const int* __restrict__ indptr,
   if (rule == RULE_FIXED) return;
   const int n = dynamic_select<NT>(row, pages, k_pages, {rule, param, scaling}, out, dyn, sh);
   if (threadIdx.x == 0) count[(size_t)h * batch + b] = n;
+}
+
+// p: kernels/params.cuh (TopkParams).
+template <int NT>
+__global__ void __launch_bounds__(NT)
+topk_kernel(const TopkParams p) {
+  topk_run<NT>(p.scores, p.cache.indptr, p.sel, p.count, p.cache.batch, p.nnz, p.k_pages, p.sinks,
+               p.window, p.cached, p.rule, p.param, p.scaling);
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)

@@ -11,8 +11,8 @@ from questprof.backends import variants
 from questprof.core.fp8 import E4M3
 
 
-def _signatures(parts) -> dict[str, int]:
-    """Template instance (as the launcher names it, without spaces) -> its parameter count, of
+def _signatures(parts) -> dict[str, list[str]]:
+    """Template instance (as the launcher names it, without spaces) -> its parameter types, of
     every kernel in a source's objects."""
     found = {}
     for result, obj, _ in parts:
@@ -25,7 +25,7 @@ def _signatures(parts) -> dict[str, int]:
         for name in names:
             m = re.fullmatch(r"void (\w+<.*>)\((.*)\)", name)
             if m:
-                found[m.group(1).replace(" ", "")] = m.group(2).count(",") + 1
+                found[m.group(1).replace(" ", "")] = [t.strip() for t in m.group(2).split(",")]
     return found
 
 
@@ -41,8 +41,9 @@ TUNES = ("", "stages=6,tk_threads=256")  # the defaults; deep rings, a smaller t
 
 def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):
     """A dry run of backends/cupy.py over a CPU stand-in for CuPy (tests/cupy_stub.py): every
-    kernel a launch names is among the built instances and gets as many arguments as it has
-    parameters, at every group, head dim, cache and mode of DRY_RUN."""
+    kernel a launch names is among the built instances and gets one argument, the params struct
+    its one parameter is (by the C name of backends/params.py's dtype, whose layout
+    tests/test_params.py holds to nvcc's), at every group, head dim, cache and mode of DRY_RUN."""
     import importlib
     import sys
 
@@ -50,6 +51,7 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
 
     import cupy_stub
     from conftest import full_plan
+    from questprof.backends import params
     from questprof.core.layout import random_paged_kv, random_queries
     from questprof.core.selectors import KernelForm
 
@@ -90,5 +92,67 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
     for expression, grid, block, args, shared_mem in stub.LAUNCHES:
         key = expression.replace(" ", "")
         assert key in sigs, f"{expression} is not built"
-        assert len(args) == sigs[key], f"{expression}: {len(args)} arguments, {sigs[key]} wanted"
+        names = {dtype: name for name, dtype in params.STRUCTS.items()}
+        passed = [names.get(getattr(a, "dtype", None), type(a).__name__) for a in args]
+        assert passed == sigs[key], f"{expression}: {passed} passed, {sigs[key]} wanted"
+        assert args[0].shape == (1,)
         assert min(grid) >= 1 and shared_mem <= 227 * 1024
+
+
+# The launchers' checks: launch_args.py's (a selection's with its rows' plan, a rule's with its
+# shared memory) and core.stages.check_mode.
+CHECKS = ("check_", "cache_tags", "form_tags", "topk_rule", "attention_rows")
+
+
+def test_each_check_runs_once_per_call(monkeypatch):
+    """A launcher's checks (backends/launch_args.py, the mode's) run once per call, the Quest
+    step's and a selector form's included, where top-K's budget was checked twice before."""
+    import collections
+    import importlib
+    import sys
+
+    import numpy as np
+
+    import cupy_stub
+    from conftest import full_plan
+    from questprof.core.layout import random_paged_kv, random_queries
+    from questprof.core.selectors import KernelForm
+
+    names = ("questprof.backends.cupy", "questprof.backends.pdl",
+             "questprof.backends.cupy_selectors")
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    monkeypatch.setitem(sys.modules, "cupy", cupy_stub.make())
+    try:
+        ops, forms = importlib.import_module(names[0]), importlib.import_module(names[2])
+        rng = np.random.default_rng(3)
+        kv = random_paged_kv(rng, [5, 40, 70], 16, 2, 128, "fp16", spare_pages=2)
+        q = random_queries(rng, 3, 8, 128, "fp16")
+        ops.summary(kv, full_plan(kv))
+        form = KernelForm(rule="topp", param=0.9)
+        fs = forms.summaries(kv, form, full_plan(kv))
+        scores = ops.estimate(q, kv)
+        calls = {
+            "quest": lambda: ops.quest(q, kv, 3, "shared-max", sinks=1, window=1),
+            "topk": lambda: ops.topk(scores, kv, 3),
+            "attention": lambda: ops.attention(q, kv),
+            "form quest": lambda: forms.quest(q, kv, fs, 3),
+            "form topk": lambda: forms.topk(scores, kv, 3, form),
+        }
+        for label, call in calls.items():
+            seen = collections.Counter()
+
+            def trace(frame, event, arg, seen=seen):
+                code = frame.f_code
+                if event == "call" and code.co_name.startswith(CHECKS):
+                    seen[code.co_name] += 1
+
+            sys.setprofile(trace)
+            try:
+                call()
+            finally:
+                sys.setprofile(None)
+            assert seen and max(seen.values()) == 1, (label, dict(seen))
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)

@@ -1,8 +1,10 @@
 """The CuPy backend: the Quest stages as CUDA kernels from kernels/*.cu (RawModule, NVRTC).
 
 Three layers per kernel: `load_kernel` (cached module of one template instance), a launcher named
-after the stage (checks shapes and dtypes, allocates outputs, computes the grid, launches on the
-current CuPy stream without synchronising) and `CupyBackend`, the protocol in backends/base.py.
+after the stage (checks shapes and dtypes once, launch_args.check_call; allocates outputs,
+computes the grid, launches its params struct, backends/params.py, on the current CuPy stream
+without synchronising) and `CupyBackend`, the protocol in backends/base.py. `run_<stage>` is a
+launcher after its checks, which the Quest step and the selectors' forms call once checked.
 Launch constants (threads, ring depth, blocks per SM) come from kernels/constants.cuh through
 backends/constants.py, the same numbers the kernels are compiled with. `quest` chains estimate,
 top-K and attention with programmatic dependent launch (backends/pdl.py) where it is available.
@@ -11,19 +13,17 @@ top-K and attention with programmatic dependent launch (backends/pdl.py) where i
 from __future__ import annotations
 
 import functools
-import math
 
 import cupy
 import numpy as np
 
 from questprof import KERNELS_DIR
-from questprof.backends import constants, variants
-from questprof.backends.launch_args import (NO_RULE, TopkRule, attention_rows, check_budget,
-                                            check_kv, check_q)
+from questprof.backends import constants, params, variants
+from questprof.backends.launch_args import NO_RULE, TopkRule, attention_rows, check_call, check_kv
 from questprof.backends.pdl import Launcher, PlainLaunch
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV
-from questprof.core.stages import MODES, check_mode
+from questprof.core.stages import MODES
 
 _C = constants.load()
 GROUPS, HEAD_DIMS, PAGE_SIZES = variants.GROUPS, variants.HEAD_DIMS, variants.PAGE_SIZES
@@ -35,8 +35,6 @@ TK_SMEM_LIMIT = 200 * 1024  # rows up to 51200 pages keep their keys in shared m
 # launches 33.2 / 67.6 / 148.5; PDL releasing early in all three 36.0 / 73.5 / 150.9; in top-K
 # only (attention loads q and its row plan while top-K selects) 32.0 / 66.5 / 146.1.
 QUEST_EARLY_RELEASE = ("topk",)
-_NULL = np.uint64(0)  # a null pointer argument
-_i32 = np.int32
 _plain = PlainLaunch()
 
 
@@ -71,11 +69,6 @@ def _device_int32(x):
     return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
 
 
-def _scale(kv: PagedKV, name: str):
-    """k_scale / v_scale of an FP8 cache, a null pointer for a 16-bit one."""
-    return getattr(kv, name) if kv.is_fp8 else _NULL
-
-
 def summary(kv: PagedKV, plan: AppendPlan) -> None:
     """Apply `plan` to kv.summary [N, Hkv, 2, d] in place (slots [first, end) of each page)."""
     _, kv_tag, summary_tag = check_kv(kv)
@@ -85,49 +78,67 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
         first, end = np.asarray(plan.first), np.asarray(plan.end)
         if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
-    args = [_device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
-    kernel = load_kernel("summary", f"summary_kernel<{kv_tag}, {summary_tag}, {kv.head_dim}, 1>")
-    kernel((len(plan),), (SUM_THREADS,), (kv.k, kv.summary, *args, _i32(kv.kv_heads),
-                                          _i32(kv.page_size), _scale(kv, "k_scale")))
+    run_summary(kv, kv.summary, (kv_tag, summary_tag), plan)
 
 
-def launch_estimate(q, kv: PagedKV, summ, tags: tuple[str, str], mode: str, scale=_NULL,
-                    boxes: int = 1, launch=_plain):
+def run_summary(kv: PagedKV, summ, tags: tuple[str, str], plan: AppendPlan, summ_scale=None,
+                boxes: int = 1) -> None:
+    """summary.cu over `plan` into summ (storage tag tags[1] of cache tag tags[0]); the caller
+    has checked kv and the plan (summary above, cupy_selectors.summary)."""
+    page_ids, first, end = (_device_int32(x) for x in (plan.page_ids, plan.first, plan.end))
+    p = params.pack(params.SUMMARY, cache=params.paged_cache(kv), summ=summ,
+                    summ_scale=summ_scale, page_ids=page_ids, first=first, end=end)
+    kernel = load_kernel("summary", f"summary_kernel<{tags[0]}, {tags[1]}, {kv.head_dim}, {boxes}>")
+    _plain(kernel, (len(plan),), (SUM_THREADS,), (p,))
+
+
+def run_estimate(q, kv: PagedKV, cache, summ, tags: tuple[str, str], mode: str, group: int,
+                 summ_scale=None, boxes: int = 1, launch=_plain):
     """Scores [Hs, nnz] float32 of summaries `summ` ([N, Hkv, (boxes,) 2, d], storage tag
-    tags[1] under queries of tag tags[0]; `scale` float32 [Hkv] for E4M3 summaries): the
-    estimate of plain Quest and of the selectors' forms (backends/cupy_selectors.py)."""
-    check_mode(mode)
-    q_heads, g = check_q(q, kv)
+    tags[1] under queries of tag tags[0]; `summ_scale` float32 [Hkv] for E4M3 summaries): the
+    estimate of plain Quest and of the selectors' forms, after the caller's checks
+    (launch_args.check_call); `cache` is params.paged_cache(kv)."""
     nnz, d, m = int(kv.kv_indices.size), kv.head_dim, MODES.index(mode)
-    scores = cupy.empty((q_heads if mode == "per-head" else kv.kv_heads, nnz), dtype=cupy.float32)
-    nt = variants.estimate_ntiles(g)
+    scores = cupy.empty((q.shape[1] if mode == "per-head" else kv.kv_heads, nnz),
+                        dtype=cupy.float32)
+    nt = variants.estimate_ntiles(group)
     expr = f"estimate_kernel<{tags[0]}, {tags[1]}, {d}, {nt}, {boxes}>"
-    blocks = variants.estimate_blocks(nnz, kv.kv_heads, boxes, g, _sm_count())
-    smem = variants.estimate_shared_bytes(d, g, tags[1])
+    blocks = variants.estimate_blocks(nnz, kv.kv_heads, boxes, group, _sm_count())
+    smem = variants.estimate_shared_bytes(d, group, tags[1])
     kernel = load_kernel("estimate", expr, launch.defines("estimate"))
     kernel.max_dynamic_shared_size_bytes = smem
-    launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (
-        q, summ, kv.kv_indptr, kv.kv_indices, scores, _i32(kv.batch), _i32(kv.kv_heads),
-        _i32(nnz), _i32(g), _i32(m), scale, kv.last_page_len, _i32(kv.page_size // boxes)),
-        shared_mem=smem, stage="estimate")
+    p = params.pack(params.ESTIMATE, cache=cache, q=q, summ=summ, summ_scale=summ_scale,
+                    scores=scores, nnz=nnz, group=group, mode=m,
+                    box_tokens=kv.page_size // boxes)
+    launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (p,), shared_mem=smem,
+           stage="estimate")
     return scores
 
 
 def estimate(q, kv: PagedKV, mode: str = "per-head", launch=_plain):
     """Scores U_p(q) [Hs, nnz] float32 (Hs = Hq per-head, Hkv for the shared modes)."""
-    q_tag, _, summary_tag = check_kv(kv)
-    return launch_estimate(q, kv, kv.summary, (q_tag, summary_tag), mode,
-                           _scale(kv, "k_scale"), launch=launch)
+    c = check_call(kv, q, mode)
+    return run_estimate(q, kv, params.paged_cache(kv), kv.summary, (c.tags[0], c.tags[2]), mode,
+                        c.group, _summary_scale(kv), launch=launch)
+
+
+def _summary_scale(kv: PagedKV):
+    """The scale of E4M3 summaries (an FP8 cache's k_scale), None otherwise."""
+    return kv.k_scale if kv.is_fp8 else None
 
 
 def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, launch=_plain,
          rule: TopkRule = NO_RULE):
     """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32, or [Hs, B] for a
     dynamic budget `rule`: the pages of each row it keeps of the K best)."""
-    nnz = int(kv.kv_indices.size)
-    if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != cupy.float32:
-        raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
-    check_budget(k_pages, sinks, window)
+    check_call(kv, scores=scores, budget=(k_pages, sinks, window))
+    return run_topk(scores, kv, params.paged_cache(kv), k_pages, sinks, window, launch, rule)
+
+
+def run_topk(scores, kv: PagedKV, cache, k_pages: int, sinks: int = 0, window: int = 0,
+             launch=_plain, rule: TopkRule = NO_RULE):
+    """topk above after the caller's checks (launch_args.check_call: scores, budget, and a
+    dynamic rule's, which it returns)."""
     heads, batch = int(scores.shape[0]), kv.batch
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty((heads, batch) if rule.code else batch, dtype=cupy.int32)
@@ -137,10 +148,11 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
     threads = variants.topk_threads(heads * batch, max(kv.pages()), _sm_count())
     kernel = load_kernel("topk", f"topk_kernel<{threads}>", launch.defines("topk"))
     kernel.max_dynamic_shared_size_bytes = smem
-    launch(kernel, (batch, heads), (threads,), (
-        cupy.ascontiguousarray(scores), kv.kv_indptr, sel, count, _i32(batch), _i32(nnz),
-        _i32(k_pages), _i32(sinks), _i32(window), _i32(cached), _i32(rule.code),
-        np.float64(rule.param), np.float64(rule.scaling)), shared_mem=smem, stage="topk")
+    p = params.pack(params.TOPK, cache=cache, scores=cupy.ascontiguousarray(scores), sel=sel,
+                    count=count, nnz=int(kv.kv_indices.size), k_pages=k_pages, sinks=sinks,
+                    window=window, cached=int(cached), rule=rule.code, param=rule.param,
+                    scaling=rule.scaling)
+    launch(kernel, (batch, heads), (threads,), (p,), shared_mem=smem, stage="topk")
     return sel, count
 
 
@@ -149,32 +161,38 @@ def attention(q, kv: PagedKV, sel=None, count=None, launch=_plain):
 
     count is [B] or [Hs, B]; a (request, head) with no selected page gets out 0 and lse -inf.
     """
-    q_tag, kv_tag, _ = check_kv(kv)
-    q_heads, g = check_q(q, kv)
-    plan, per_q, row_pages, k_sel = attention_rows(q_heads, g, kv, sel, count)
-    d, G, s, cache = kv.head_dim, plan.tile, kv.page_size, kv.kv_dtype
+    c = check_call(kv, q)
+    return run_attention(q, kv, params.paged_cache(kv), c.tags, c.group, sel, count, launch)
+
+
+def run_attention(q, kv: PagedKV, cache, tags, group: int, sel=None, count=None, launch=_plain):
+    """attention above after the caller's checks of q and kv (launch_args.check_call; tags its
+    tags); the selection is checked here, where the rows are planned (attention_rows)."""
+    q_heads = int(q.shape[1])
+    plan, per_q, row_pages, k_sel = attention_rows(q_heads, group, kv, sel, count)
+    d, G, s = kv.head_dim, plan.tile, kv.page_size
     rows = kv.batch * kv.kv_heads * plan.chunks
-    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, cache, _sm_count(),
+    run = variants.attention_launch(rows, max(row_pages, 1), d, G, s, kv.kv_dtype, _sm_count(),
                                     sel is None, _smem_per_sm())
-    splits, per_split, ring = run.splits, run.pages_per_split, run.ring
     out = cupy.empty(q.shape, dtype=q.dtype)
     lse = cupy.empty((kv.batch, q_heads), dtype=cupy.float32)
-    ws_o = ws_lse = row_done = _NULL
-    if splits > 1:
-        ws_o = cupy.empty((rows, splits, G, d), dtype=cupy.float32)
-        ws_lse = cupy.empty((rows, splits, G), dtype=cupy.float32)
+    ws_o = ws_lse = row_done = None
+    if run.splits > 1:
+        ws_o = cupy.empty((rows, run.splits, G, d), dtype=cupy.float32)
+        ws_lse = cupy.empty((rows, run.splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
-    expr = f"attention_kernel<{q_tag}, {kv_tag}, {d}, {run.page}, {G}, {run.stages}>"
+    expr = f"attention_kernel<{tags[0]}, {tags[1]}, {d}, {run.page}, {G}, {run.stages}>"
     kernel = load_kernel("attention", expr, launch.defines("attention"))
-    kernel.max_dynamic_shared_size_bytes = ring
-    launch(kernel, (splits, rows), (ATT_WARPS * 32,), (
-        q, kv.k, kv.v, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
-        _NULL if sel is None else sel, _NULL if sel is None else count, _i32(kv.batch),
-        _i32(q_heads), _i32(kv.kv_heads), _i32(plan.chunks), _i32(plan.chunk_size), _i32(per_q),
-        _i32(k_sel), _i32(sel is not None and count.ndim == 2), _i32(per_split),
-        _i32(s.bit_length() - 1), np.float32(math.log2(math.e) / math.sqrt(d)), out, lse, ws_o,
-        ws_lse, row_done, _scale(kv, "k_scale"), _scale(kv, "v_scale"),
-        _i32(run.merge == "wide")), shared_mem=ring, stage="attention")
+    kernel.max_dynamic_shared_size_bytes = run.ring
+    p = params.pack(params.ATTENTION, cache=cache, q=q, sel=sel,
+                    count=None if sel is None else count, out=out, lse=lse, ws_o=ws_o,
+                    ws_lse=ws_lse, row_done=row_done, q_heads=q_heads, chunks=plan.chunks,
+                    chunk_size=plan.chunk_size, sel_per_q=per_q, k_sel=k_sel,
+                    count_per_head=int(sel is not None and count.ndim == 2),
+                    pages_per_split=run.pages_per_split, merge=int(run.merge == "wide"),
+                    scale_log2=params.scale_log2(d))
+    launch(kernel, (run.splits, rows), (ATT_WARPS * 32,), (p,), shared_mem=run.ring,
+           stage="attention")
     return out, lse
 
 
@@ -182,14 +200,18 @@ def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, 
           launch=_plain):
     """One Quest decode step, estimate -> top-K -> sparse attention: (out [B, Hq, d], lse [B, Hq]).
 
-    With a PDL `Launcher`, each kernel starts while the one before drains, reading only the
-    step's inputs (page tables, q) before its grid_wait. Two other implementations were measured
-    and left the code, slower everywhere on an H200 (notes/KERNELS.md): estimate and top-K as one
-    kernel, and attention whose CTAs selected their own rows' pages (two launches).
+    Every check runs once, then the three launches share one PagedCache. With a PDL `Launcher`,
+    each kernel starts while the one before drains, reading only the step's inputs (page tables,
+    q) before its grid_wait. Two other implementations were measured and left the code, slower
+    everywhere on an H200 (notes/KERNELS.md): estimate and top-K as one kernel, and attention
+    whose CTAs selected their own rows' pages (two launches).
     """
-    scores = estimate(q, kv, mode, launch=launch)
-    sel, count = topk(scores, kv, k_pages, sinks, window, launch=launch)
-    return attention(q, kv, sel, count, launch=launch)
+    c = check_call(kv, q, mode, budget=(k_pages, sinks, window))
+    cache = params.paged_cache(kv)
+    scores = run_estimate(q, kv, cache, kv.summary, (c.tags[0], c.tags[2]), mode, c.group,
+                          _summary_scale(kv), launch=launch)
+    sel, count = run_topk(scores, kv, cache, k_pages, sinks, window, launch=launch)
+    return run_attention(q, kv, cache, c.tags, c.group, sel, count, launch=launch)
 
 
 _COUNTS: dict[tuple[int, str], cupy.ndarray] = {}

@@ -13,13 +13,13 @@ import cupy
 import numpy as np
 
 from questprof.backends import cupy as ops
-from questprof.backends.launch_args import check_budget, form_tags, topk_rule
+from questprof.backends import params
+from questprof.backends.launch_args import check_call, form_tags
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV, to_storage
 from questprof.core.selection import fp8_box_scale
 from questprof.core.selectors import KernelForm
 
-_NULL, _i32 = np.uint64(0), np.int32
 _INF_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}  # magnitudes above are NaN
 
 
@@ -64,32 +64,31 @@ def summary(kv: PagedKV, fs: FormSummary, plan: AppendPlan) -> None:
     _, kv_tag, tag = form_tags(kv, fs.form)
     if len(plan) == 0:
         return
-    args = [ops._device_int32(x) for x in (plan.page_ids, plan.first, plan.end)]
-    expr = f"summary_kernel<{kv_tag}, {tag}, {kv.head_dim}, {fs.form.boxes}>"
-    ops.load_kernel("summary", expr)((len(plan),), (ops.SUM_THREADS,), (
-        kv.k, fs.summary, *args, _i32(kv.kv_heads), _i32(kv.page_size),
-        _NULL if fs.scale is None else fs.scale))
+    ops.run_summary(kv, fs.summary, (kv_tag, tag), plan, fs.scale, fs.form.boxes)
 
 
 def estimate(q, kv: PagedKV, fs: FormSummary, mode: str = "per-head", launch=ops._plain):
     """Scores [Hs, nnz] float32 of a form: the largest bound of each page's boxes that hold
     keys, from boxes or FP8 summaries."""
-    q_tag, _, tag = form_tags(kv, fs.form)
-    return ops.launch_estimate(q, kv, fs.summary, (q_tag, tag), mode,
-                               _NULL if fs.scale is None else fs.scale, fs.form.boxes, launch)
+    c = check_call(kv, q, mode, form=fs.form)
+    return ops.run_estimate(q, kv, params.paged_cache(kv), fs.summary, (c.tags[0], c.tags[2]),
+                            mode, c.group, fs.scale, fs.form.boxes, launch)
 
 
 def topk(scores, kv: PagedKV, k_pages: int, form: KernelForm, launch=ops._plain):
     """(sel [Hs, B, K], count): count [B] for a fixed K, [Hs, B] for a dynamic budget (the
     tail page and the pages its rule keeps of the K best; sinks and window are not theirs)."""
-    check_budget(k_pages, 0, 0)
-    rule = topk_rule(form, kv.head_dim, k_pages)
-    return ops.topk(scores, kv, k_pages, launch=launch, rule=rule)
+    c = check_call(kv, scores=scores, budget=(k_pages, 0, 0), form=form)
+    return ops.run_topk(scores, kv, params.paged_cache(kv), k_pages, launch=launch, rule=c.rule)
 
 
 def quest(q, kv: PagedKV, fs: FormSummary, k_pages: int, mode: str = "per-head",
           launch=ops._plain):
-    """One decode step of the form, estimate -> top-K -> attention: (out [B, Hq, d], lse)."""
-    scores = estimate(q, kv, fs, mode, launch=launch)
-    sel, count = topk(scores, kv, k_pages, fs.form, launch=launch)
-    return ops.attention(q, kv, sel, count, launch=launch)
+    """One decode step of the form, estimate -> top-K -> attention: (out [B, Hq, d], lse); every
+    check runs once, the three launches share one PagedCache."""
+    c = check_call(kv, q, mode, budget=(k_pages, 0, 0), form=fs.form)
+    cache = params.paged_cache(kv)
+    scores = ops.run_estimate(q, kv, cache, fs.summary, (c.tags[0], c.tags[2]), mode, c.group,
+                              fs.scale, fs.form.boxes, launch)
+    sel, count = ops.run_topk(scores, kv, cache, k_pages, launch=launch, rule=c.rule)
+    return ops.run_attention(q, kv, cache, c.tags, c.group, sel, count, launch=launch)

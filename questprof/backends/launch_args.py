@@ -14,6 +14,7 @@ import numpy as np
 from questprof.backends import variants
 from questprof.core.layout import PagedKV, storage_dtype
 from questprof.core.reference import reserved_positions
+from questprof.core.stages import check_mode
 
 _INT32 = np.dtype(np.int32)
 
@@ -61,6 +62,13 @@ def check_q(q, kv: PagedKV) -> tuple[int, int]:
     if q_heads % kv.kv_heads:
         raise ValueError(f"q_heads {q_heads} is not a multiple of kv_heads {kv.kv_heads}")
     return q_heads, q_heads // kv.kv_heads
+
+
+def check_scores(scores, kv: PagedKV) -> None:
+    """scores must be float32 [Hs, nnz] over the cache's page list."""
+    nnz = int(kv.kv_indices.size)
+    if scores.ndim != 2 or scores.shape[1] != nnz or scores.dtype != np.float32:
+        raise ValueError(f"scores must be float32 [Hs, {nnz}], got {scores.dtype} {scores.shape}")
 
 
 def check_budget(k_pages: int, sinks: int, window: int) -> None:
@@ -136,3 +144,33 @@ def form_tags(kv: PagedKV, form) -> tuple[str, str, str]:
                          f"{kv.head_dim}, page size {kv.page_size} (built: {built}, boxes "
                          "dividing the page size)")
     return q_tag, kv_tag, variants.TAGS["fp8_e4m3"] if form.fp8 else summary_tag
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks of one launcher call found: the template tags (queries, K / V,
+    summaries), q's heads and group (0 without q) and the top-K rule (a form's, else NO_RULE)."""
+
+    tags: tuple[str, str, str]
+    q_heads: int = 0
+    group: int = 0
+    rule: TopkRule = NO_RULE
+
+
+def check_call(kv: PagedKV, q=None, mode: str | None = None, scores=None, budget=None,
+               form=None) -> Checked:
+    """Every check of one launcher call, each once (backends/cupy.py, cupy_selectors.py): the
+    cache (with a KernelForm's summaries: form_tags), q, the mode, scores, the budget
+    (k_pages, sinks, window) and a form's top-K rule at that budget."""
+    tags = form_tags(kv, form) if form is not None else check_kv(kv)
+    if mode is not None:
+        check_mode(mode)
+    q_heads, group = check_q(q, kv) if q is not None else (0, 0)
+    if scores is not None:
+        check_scores(scores, kv)
+    rule = NO_RULE
+    if budget is not None:
+        check_budget(*budget)
+        if form is not None:
+            rule = topk_rule(form, kv.head_dim, budget[0])
+    return Checked(tags, q_heads, group, rule)

@@ -1,17 +1,21 @@
-"""Programmatic dependent launch (PDL) of CuPy-compiled kernels through NVIDIA's cuda.bindings.
+"""The launch of CuPy-compiled kernels through NVIDIA's cuda.bindings, with programmatic dependent
+launch (PDL) where asked and available.
 
-A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start while the
-previous kernel of its stream still runs, once every CTA of that kernel has passed
+Every kernel takes one params struct by value (kernels/params.cuh, backends/params.py): a launch
+copies its bytes through `cuLaunchKernelEx`, on the current CuPy stream, also inside a CUDA-graph
+capture. A kernel launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION may start
+while the previous kernel of its stream still runs, once every CTA of that kernel has passed
 `griddepcontrol.launch_dependents` (grid_release in kernels/common.cuh); it waits for that kernel's
-completion in `griddepcontrol.wait` (grid_wait). Kernels stay compiled by CuPy (RawModule); only
-the launch goes through `cuLaunchKernelEx`, on the current CuPy stream, also inside a CUDA-graph
-capture. Where cuda.bindings is missing, the GPU predates sm_90 or the driver refuses a launch,
-`Launcher` makes plain CuPy launches and says why in `path`.
+completion in `griddepcontrol.wait` (grid_wait). Kernels stay compiled by CuPy (RawModule). Where
+the GPU predates sm_90 or the driver refuses a PDL launch, `Launcher` launches without the
+attribute and says why in `path`; where cuda.bindings is missing, launches go through CuPy, which
+passes a NumPy structured array by value as the kernel's struct (CuPy's custom structures).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import cupy
 import numpy as np
@@ -41,6 +45,8 @@ def unavailable_reason() -> str | None:
 
 def _arg(x):
     """A kernel argument as the ctypes value the driver copies."""
+    if isinstance(x, np.ndarray) and x.dtype.names:  # a params struct (backends/params.py)
+        return (ctypes.c_char * x.dtype.itemsize).from_buffer_copy(x.tobytes())
     if isinstance(x, cupy.ndarray):
         return ctypes.c_void_p(x.data.ptr)
     if isinstance(x, np.int32):
@@ -59,8 +65,17 @@ def _dim3(x) -> tuple[int, int, int]:
     return x + (1,) * (3 - len(x))
 
 
+@functools.cache
+def _driver_or_none():
+    """cuda.bindings.driver, or None where it is missing (asked once per process)."""
+    try:
+        return _driver()
+    except ImportError:  # not installed, or built for another Python: CuPy launches
+        return None
+
+
 class PlainLaunch:
-    """Ordinary CuPy launches on the current stream, of the default kernel builds."""
+    """Launches without PDL on the current stream, of the default kernel builds."""
 
     path = PLAIN
 
@@ -68,7 +83,12 @@ class PlainLaunch:
         return ()
 
     def __call__(self, kernel, grid, block, args, shared_mem: int = 0, stage: str = "") -> None:
-        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        if _driver_or_none() is None:
+            kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+            return
+        error = _launch(kernel, grid, block, args, shared_mem, pdl=False)
+        if error is not None:
+            raise RuntimeError(error)
 
 
 STAGES = ("estimate", "topk", "attention")
@@ -100,33 +120,35 @@ class Launcher(PlainLaunch):
             if version < 90:  # griddepcontrol would be compiled out: no wait, a race
                 self.reason = f"kernels built for PTX {version} < 9.0 have no griddepcontrol"
             else:
-                error = self._launch_pdl(kernel, grid, block, args, shared_mem)
+                error = _launch(kernel, grid, block, args, shared_mem, pdl=True)
                 if error is None:
                     return
                 self.reason = error
-        kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        super().__call__(kernel, grid, block, args, shared_mem, stage)
 
-    def _launch_pdl(self, kernel, grid, block, args, shared_mem: int) -> str | None:
-        """Launch through cuLaunchKernelEx; the driver's refusal as text, None on success."""
-        driver = _driver()
-        values = [_arg(a) for a in args]
-        pointers = (ctypes.c_void_p * max(1, len(values)))(
-            *[ctypes.addressof(v) for v in values])
+
+def _launch(kernel, grid, block, args, shared_mem: int, pdl: bool) -> str | None:
+    """Launch through cuLaunchKernelEx, with the PDL attribute when `pdl`; the driver's refusal as
+    text, None on success."""
+    driver = _driver()
+    values = [_arg(a) for a in args]
+    pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = _dim3(grid)
+    config.blockDimX, config.blockDimY, config.blockDimZ = _dim3(block)
+    config.sharedMemBytes = int(shared_mem)
+    config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
+    if pdl:
         attr = driver.CUlaunchAttribute()
         attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = _dim3(grid)
-        config.blockDimX, config.blockDimY, config.blockDimZ = _dim3(block)
-        config.sharedMemBytes = int(shared_mem)
-        config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
         config.attrs = [attr]
-        config.numAttrs = 1
-        function = driver.CUfunction(kernel.kernel.ptr)
-        result = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
-        err = result[0] if isinstance(result, tuple) else result
-        if err == driver.CUresult.CUDA_SUCCESS:
-            return None
-        _, text = driver.cuGetErrorString(err)
-        text = text.decode() if isinstance(text, bytes) else str(text)
-        return f"the driver refused a PDL launch ({err.name}: {text})"
+    config.numAttrs = 1 if pdl else 0
+    function = driver.CUfunction(kernel.kernel.ptr)
+    result = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
+    err = result[0] if isinstance(result, tuple) else result
+    if err == driver.CUresult.CUDA_SUCCESS:
+        return None
+    _, text = driver.cuGetErrorString(err)
+    text = text.decode() if isinstance(text, bytes) else str(text)
+    return f"the driver refused a {'PDL ' if pdl else ''}launch ({err.name}: {text})"

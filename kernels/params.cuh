@@ -1,0 +1,76 @@
+// What each kernel is launched with: one struct, passed by value (FlashInfer's params structs).
+// PagedCache is the paged cache as every kernel reads it (core.layout.PagedKV); each kernel's
+// params hold it and what that launch adds. The host builds them once per launch as NumPy
+// structured scalars of the same layout (questprof/backends/params.py); tests/test_params.py
+// compares every field's offset and every struct's size with what nvcc lays out here.
+// Pointers the launch does not use are null; a field's comment says when.
+#pragma once
+#include "common.cuh"
+
+struct PagedCache {
+  const void* k;              // [N, Hkv, S, d] of the cache's storage (keys()): 16-bit or E4M3
+  const void* v;              // [N, Hkv, S, d], as k
+  const int* indptr;          // [B + 1]: request b's pages are indices[indptr[b] .. indptr[b + 1])
+  const int* indices;         // [nnz]: physical page ids
+  const int* last_page_len;   // [B]: valid slots of each request's last page
+  const float* k_scale;       // [Hkv]: an E4M3 cache's scales (null for 16-bit caches)
+  const float* v_scale;       // [Hkv], as k_scale
+  int batch, kv_heads, page_size;
+  int page_shift;             // log2(page_size)
+
+  template <typename KV> QP_DEVICE const word_t<KV>* keys() const {
+    return static_cast<const word_t<KV>*>(k);
+  }
+  template <typename KV> QP_DEVICE const word_t<KV>* values() const {
+    return static_cast<const word_t<KV>*>(v);
+  }
+};
+
+// summary.cu: one CTA per plan entry (page_ids[i], slots [first[i], end[i])).
+struct SummaryParams {
+  PagedCache cache;
+  void* summ;                 // [N, Hkv, (boxes,) 2, d] summaries of the kernel's storage
+  const float* summ_scale;    // [Hkv]: E4M3 summaries' scale over a 16-bit cache (else null)
+  const int* page_ids;
+  const int* first;
+  const int* end;
+};
+
+// estimate.cu: scores [Hs, nnz] of summaries summ under queries q.
+struct EstimateParams {
+  PagedCache cache;
+  const uint16_t* q;          // [B, Hq, d]
+  const void* summ;           // [N, Hkv, (boxes,) 2, d]
+  const float* summ_scale;    // [Hkv]: E4M3 summaries' scale (else null)
+  float* scores;              // [Hs, nnz]
+  int nnz, group, mode;
+  int box_tokens;             // tokens of a box (page_size / boxes)
+};
+
+// topk.cu: per (request, score head) the K best pages of scores [Hs, nnz].
+struct TopkParams {
+  PagedCache cache;
+  const float* scores;
+  int* sel;                   // [Hs, B, K]
+  int* count;                 // [B], or [Hs, B] for a dynamic rule
+  int nnz, k_pages, sinks, window;
+  int cached;                 // keys kept in shared memory
+  int rule;                   // RULE_* of topk.cuh
+  double param, scaling;      // the rule's parameter; the logits' scaling of the bounds
+};
+
+// attention.cu: out [B, Hq, d] and lse [B, Hq] over all pages (sel null) or a selection.
+struct AttentionParams {
+  PagedCache cache;
+  const uint16_t* q;          // [B, Hq, d]
+  const int* sel;             // [Hs, B, k_sel] positions, or null (dense)
+  const int* count;           // [B] or [Hs, B] (count_per_head)
+  uint16_t* out;
+  float* lse;
+  float* ws_o;                // [rows, splits, G, d] partials (null with one split)
+  float* ws_lse;              // [rows, splits, G]
+  int* row_done;              // [rows] splits done, 0 between launches
+  int q_heads, chunks, chunk_size, sel_per_q, k_sel, count_per_head, pages_per_split;
+  int merge;                  // 1: the wide merge of the splits
+  float scale_log2;           // log2(e) / sqrt(d)
+};

@@ -1,0 +1,72 @@
+"""The params structs on the host (backends/params.py) are laid out as nvcc lays out
+kernels/params.cuh: every field's offset and size, every struct's size and alignment, printed by a
+host program nvcc builds (CPU, no GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from kernel_objects import _nvcc
+from questprof import KERNELS_DIR
+from questprof.backends import params
+
+
+def test_host_structs_are_the_kernels(tmp_path):
+    lines = []
+    for name, dtype in params.STRUCTS.items():
+        lines.append(f'std::printf("{name} - %zu %zu\\n", sizeof({name}), alignof({name}));')
+        for field in dtype.names:
+            lines.append(f'std::printf("{name} {field} %zu %zu\\n", offsetof({name}, {field}), '
+                         f'sizeof((({name}*)nullptr)->{field}));')
+    src = tmp_path / "layout.cu"
+    src.write_text('#include <cstddef>\n#include <cstdio>\n#include "params.cuh"\nint main() {\n'
+                   + "\n".join(lines) + "\n}\n")
+    exe = tmp_path / "layout"
+    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    printed = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    want = []
+    for name, dtype in params.STRUCTS.items():
+        want.append(f"{name} - {dtype.itemsize} {dtype.alignment}")
+        want += [f"{name} {f} {dtype.fields[f][1]} {dtype.fields[f][0].itemsize}"
+                 for f in dtype.names]
+    assert printed.splitlines() == want
+
+
+def test_pack_takes_every_field_and_addresses():
+    cache = params.pack(params.PAGED_CACHE, k=None, v=None, indptr=None, indices=None,
+                        last_page_len=None, k_scale=None, v_scale=None, batch=3, kv_heads=2,
+                        page_size=16, page_shift=4)
+    x = np.arange(4, dtype=np.float32)
+    p = params.pack(params.TOPK, cache=cache, scores=x, sel=None, count=None, nnz=4, k_pages=2,
+                    sinks=0, window=0, cached=1, rule=2, param=0.9, scaling=0.125)
+    assert p.shape == (1,) and p["cache"]["batch"][0] == 3 and p["cache"]["page_shift"][0] == 4
+    assert p["scores"][0] == x.ctypes.data and p["sel"][0] == 0 and p["param"][0] == 0.9
+    with pytest.raises(TypeError, match="window"):
+        params.pack(params.TOPK, cache=cache, scores=x, sel=None, count=None, nnz=4, k_pages=2,
+                    sinks=0, cached=1, rule=2, param=0.9, scaling=0.125)
+
+
+def test_the_driver_launch_copies_a_struct_as_its_bytes(monkeypatch):
+    """backends/pdl.py hands cuLaunchKernelEx a params struct as its own bytes."""
+    import importlib
+    import sys
+
+    import cupy_stub
+
+    monkeypatch.setitem(sys.modules, "cupy", cupy_stub.make())
+    saved = sys.modules.pop("questprof.backends.pdl", None)
+    try:
+        pdl = importlib.import_module("questprof.backends.pdl")
+        p = params.pack(params.PAGED_CACHE, k=None, v=None, indptr=None, indices=None,
+                        last_page_len=None, k_scale=None, v_scale=None, batch=3, kv_heads=2,
+                        page_size=16, page_shift=4)
+        assert bytes(pdl._arg(p)) == p.tobytes() and len(p.tobytes()) == 72
+    finally:
+        sys.modules.pop("questprof.backends.pdl", None)
+        if saved is not None:
+            sys.modules["questprof.backends.pdl"] = saved
