@@ -252,9 +252,12 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     assert wide.name == "ctas auto, merge wide"
     run = variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=wide)
     assert (run.merge, run.name) == ("wide", "33 x 63, 2 stages, merge wide")
-    # the default (auto): wide for dense rows of >= 16 splits, old for sparse ones and explicitly
+    # the default (auto): wide for rows of >= 16 splits, dense or sparse, old below and explicitly
     assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132).merge == "wide"
-    assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, dense=False).merge == "old"
+    few = variants.attention_launch(4, 128, 128, 4, 16, "bf16", 132, dense=False)
+    many = variants.attention_launch(32, 128, 128, 1, 16, "bf16", 132, dense=False)
+    assert (few.splits >= variants.WIDE_MERGE_SPLITS, few.merge) == (True, "wide")
+    assert (many.splits < variants.WIDE_MERGE_SPLITS, many.merge) == (True, "old")
     old = variants.parse_tuning("merge=old")
     assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=old).merge == "old"
     assert variants.attention_launch(4, 8, 128, 8, 16, "bf16", 132, tuning=wide).merge == "old"

@@ -175,8 +175,10 @@ def static_bytes(d: int, tile: int, kv: str = "fp16") -> int:
 
 SPLIT_RULES = ("ctas", "bytes", "tokens")
 MERGES = ("auto", "old", "wide")  # attention's merge of a row's splits (attention_merge.cuh)
-# auto: wide for dense rows of >= 16 splits (H200, 32K B1, commit 7e54a70: Qwen2.5-7B 33.4 ->
-# 29.3 us, FP8 29.5 -> 27.5; sparse rows of 2-9 splits lost 0.7-1.1 us with it)
+# auto: wide for rows of >= 16 splits, dense or sparse (H200, 32K B1: dense Qwen2.5-7B 33.4 ->
+# 29.3 us at commit 7e54a70, FP8 29.5 -> 27.5; sparse shared-mean rows of 33-66 splits at
+# 664813a: Qwen2.5-7B 12.5 -> 10.9, Llama-3.1-8B 10.7 -> 10.4; per-head rows of 8-9 splits lost
+# 0.7-1.0 us with it, MHA 13.8 -> 14.8)
 WIDE_MERGE_SPLITS = 16
 STAGES = tuple(sorted(set(_C["ATT_STAGES"]) | set(DEEP_STAGES)))  # depths QP_TUNE may name
 
@@ -360,7 +362,7 @@ def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: in
     token_bytes = 2 * d * (1 if kv == E4M3 else 2)  # K and V of one token of one KV head
     splits, per_split = attention_splits(rows, row_pages, page_size, tile_tokens(d, tile, kv),
                                          token_bytes, sms, t, ctas)
-    wanted = t.merge == "wide" or (t.merge == "auto" and dense and splits >= WIDE_MERGE_SPLITS)
+    wanted = t.merge == "wide" or (t.merge == "auto" and splits >= WIDE_MERGE_SPLITS)
     wide = wanted and splits > 1 and 4 * merge_scratch(splits, d, tile) <= ring
     return AttentionLaunch(splits, per_split, stages, ring,
                            page_template(d, tile, page_size, kv, stages), ctas,
