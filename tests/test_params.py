@@ -70,3 +70,20 @@ def test_the_driver_launch_copies_a_struct_as_its_bytes(monkeypatch):
         sys.modules.pop("questprof.backends.pdl", None)
         if saved is not None:
             sys.modules["questprof.backends.pdl"] = saved
+
+
+def test_top_k_alone_runs_on_page_tables_without_k_and_v():
+    """top-K reads the page tables and the scores only: a cache of tables (k, v None, as
+    tests/test_topk.py builds) packs null K / V and 0 KV heads, and its checks skip the cache's
+    storage (they read k's shape: an AttributeError on the H200, 2026-12-02)."""
+    from questprof.backends.launch_args import check_call
+    from questprof.core.layout import PagedKV
+
+    kv = PagedKV(None, None, None, np.array([0, 2, 3], np.int32), np.array([0, 1, 2], np.int32),
+                 np.array([16, 5], np.int32), (32, 5), 16, "fp16")
+    cache = params.paged_cache(kv)
+    assert (cache["k"][0], cache["v"][0], cache["kv_heads"][0], cache["batch"][0]) == (0, 0, 0, 2)
+    scores = np.zeros((4, 3), np.float32)
+    assert check_call(kv, scores=scores, budget=(2, 0, 0), cache=False).tags == ()
+    with pytest.raises(AttributeError):
+        check_call(kv, scores=scores, budget=(2, 0, 0))

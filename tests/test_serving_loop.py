@@ -207,3 +207,20 @@ def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, mo
     stages = [r["stage"] for r in rows]
     assert stages.count(serve_run.REQUEST) == 2 and stages.count(serve_run.SERVE) == 1
     assert stages.count(serve_run.STEP) == len(rows) - 3 > 0
+
+
+def test_the_batching_config_follows_the_transformers_version():
+    """5.24 names the page size page_size; 5.17 (the H200's) block_size, without
+    auto_switch_to_flash: the loop passes what the installed class takes."""
+    from questprof.serving.loop import LoopSettings, cb_fields
+
+    def v517(block_size=256, num_blocks=None, max_batch_tokens=None, max_requests_per_batch=None,
+             allow_block_sharing=True, use_cuda_graph=None):
+        pass
+
+    got = cb_fields(v517, LoopSettings(16, 8, 64, 256))
+    assert got == {"block_size": 16, "num_blocks": 64, "max_batch_tokens": 256,
+                   "max_requests_per_batch": 8, "use_cuda_graph": False,
+                   "allow_block_sharing": False}
+    from transformers.generation import ContinuousBatchingConfig
+    assert cb_fields(ContinuousBatchingConfig, LoopSettings(16, 8, 64, 256))["page_size"] == 16

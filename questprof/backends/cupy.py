@@ -131,7 +131,7 @@ def topk(scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0, lau
          rule: TopkRule = NO_RULE):
     """(sel [Hs, B, K] int32 ascending positions, -1 padded; count [B] int32, or [Hs, B] for a
     dynamic budget `rule`: the pages of each row it keeps of the K best)."""
-    check_call(kv, scores=scores, budget=(k_pages, sinks, window))
+    check_call(kv, scores=scores, budget=(k_pages, sinks, window), cache=False)
     return run_topk(scores, kv, params.paged_cache(kv), k_pages, sinks, window, launch, rule)
 
 

@@ -158,11 +158,12 @@ class Checked:
 
 
 def check_call(kv: PagedKV, q=None, mode: str | None = None, scores=None, budget=None,
-               form=None) -> Checked:
+               form=None, cache: bool = True) -> Checked:
     """Every check of one launcher call, each once (backends/cupy.py, cupy_selectors.py): the
-    cache (with a KernelForm's summaries: form_tags), q, the mode, scores, the budget
-    (k_pages, sinks, window) and a form's top-K rule at that budget."""
-    tags = form_tags(kv, form) if form is not None else check_kv(kv)
+    cache (with a KernelForm's summaries: form_tags; cache=False for top-K alone, which reads
+    the page tables and the scores only, so a cache of tables without K and V runs it), q, the
+    mode, scores, the budget (k_pages, sinks, window) and a form's top-K rule at that budget."""
+    tags = form_tags(kv, form) if form is not None else check_kv(kv) if cache else ()
     if mode is not None:
         check_mode(mode)
     q_heads, group = check_q(q, kv) if q is not None else (0, 0)

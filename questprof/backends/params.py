@@ -67,11 +67,13 @@ def pack(dtype: np.dtype, **fields) -> np.ndarray:
 
 
 def paged_cache(kv: PagedKV) -> np.ndarray:
-    """PagedCache of kv (the launchers check kv first: backends/launch_args.check_kv)."""
-    fp8 = kv.is_fp8
+    """PagedCache of kv (the launchers check kv first: backends/launch_args.check_kv); page
+    tables without K and V (top-K alone reads no more) give null K / V and 0 KV heads."""
+    fp8 = kv.is_fp8 and kv.k is not None
     return pack(PAGED_CACHE, k=kv.k, v=kv.v, indptr=kv.kv_indptr, indices=kv.kv_indices,
                 last_page_len=kv.last_page_len, k_scale=kv.k_scale if fp8 else None,
-                v_scale=kv.v_scale if fp8 else None, batch=kv.batch, kv_heads=kv.kv_heads,
+                v_scale=kv.v_scale if fp8 else None, batch=kv.batch,
+                kv_heads=kv.kv_heads if kv.k is not None else 0,
                 page_size=kv.page_size, page_shift=kv.page_size.bit_length() - 1)
 
 

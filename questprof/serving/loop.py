@@ -9,6 +9,7 @@ is split into where its time went (serving/step_time.py).
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from dataclasses import dataclass
@@ -59,12 +60,19 @@ def _configs(settings: LoopSettings, longest_output: int):
     from transformers.generation import ContinuousBatchingConfig
     gen = GenerationConfig(do_sample=False, max_new_tokens=longest_output, eos_token_id=-1,
                            pad_token_id=0)
-    cb = ContinuousBatchingConfig(page_size=settings.page_size, num_blocks=settings.num_blocks,
-                                  max_batch_tokens=settings.max_batch_tokens,
-                                  max_requests_per_batch=settings.concurrency,
-                                  use_cuda_graph=False, auto_switch_to_flash=False,
-                                  allow_block_sharing=False)
-    return gen, cb
+    return gen, ContinuousBatchingConfig(**cb_fields(ContinuousBatchingConfig, settings))
+
+
+def cb_fields(config_class, settings: LoopSettings) -> dict:
+    """The ContinuousBatchingConfig arguments this transformers takes: the page size is
+    `page_size` (5.24) or `block_size` (5.17: the H200's, 2026-12-02, which has no
+    `auto_switch_to_flash` either); settings a version lacks are left out."""
+    names = set(inspect.signature(config_class).parameters)
+    want = {"page_size" if "page_size" in names else "block_size": settings.page_size,
+            "num_blocks": settings.num_blocks, "max_batch_tokens": settings.max_batch_tokens,
+            "max_requests_per_batch": settings.concurrency, "use_cuda_graph": False,
+            "auto_switch_to_flash": False, "allow_block_sharing": False}
+    return {k: v for k, v in want.items() if k in names}
 
 
 def _feed(manager, requests: list[Request], start: float) -> None:
