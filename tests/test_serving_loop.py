@@ -156,6 +156,13 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     settings = LoopSettings(SIZE, 8, 64, 256)
     kernels = StagesDecode(get_backend("cupy"))
     full = Policy("quest", SIZE, 1024, dense_layers=0)
+    import transformers
+    from questprof.core.config import ConfigError
+    from questprof.serving.paged_attention import MIN_TRANSFORMERS
+    if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < MIN_TRANSFORMERS:
+        with pytest.raises(ConfigError, match="paged|sdpa"):  # the H200's 5.17: said, not faked
+            serve(model, requests, full, settings, HostDecode())
+        return
     want, _ = serve(model, requests, full, settings, HostDecode())
     got, _ = serve(model, requests, full, settings, kernels)
     assert [s.tokens for s in got] == [s.tokens for s in want]
@@ -224,3 +231,13 @@ def test_the_batching_config_follows_the_transformers_version():
                    "allow_block_sharing": False}
     from transformers.generation import ContinuousBatchingConfig
     assert cb_fields(ContinuousBatchingConfig, LoopSettings(16, 8, 64, 256))["page_size"] == 16
+
+
+def test_a_transformers_whose_loop_would_not_call_ours_is_refused_in_one_line():
+    from questprof.core.config import ConfigError
+    from questprof.serving.paged_attention import check_transformers
+
+    check_transformers("5.24.0")
+    check_transformers("6.0.1")
+    with pytest.raises(ConfigError, match=r"transformers 5.17.0: .* needs transformers >= 5.24"):
+        check_transformers("5.17.0")

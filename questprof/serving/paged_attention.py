@@ -25,12 +25,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from questprof.core.config import ConfigError
 from questprof.core.selectors import QUEST
 from questprof.fidelity.host_index import topk
 from questprof.fidelity.task_selectors import matmul_bound
 
 NAME = "questprof_paged"  # the name it is registered under, for a reader of AttentionInterface
 BOUND_TO = "sdpa"         # the name continuous batching accepts (transformers 5.24)
+# The oldest transformers whose loop calls BOUND_TO with the pages already read (5.24). 5.17's
+# loop calls 'paged|sdpa', which reads and writes the cache itself: on the H200 (2026-12-02) the
+# function bound to 'sdpa' was never called and the "quest" run was transformers' own attention.
+MIN_TRANSFORMERS = (5, 24)
+
+
+def check_transformers(version: str) -> None:
+    """ConfigError in one line where transformers' loop would not call questprof's attention."""
+    got = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
+    if got < MIN_TRANSFORMERS:
+        want = ".".join(map(str, MIN_TRANSFORMERS))
+        raise ConfigError(f"transformers {version}: its continuous batching calls 'paged|sdpa', "
+                          f"which reads the cache itself, so questprof's attention would never "
+                          f"run; questprof serve needs transformers >= {want}")
 POLICIES = ("dense", "quest", "hybrid")
 
 
@@ -273,8 +288,10 @@ def _as_tensor(x: np.ndarray, device):
 def bound(model, attention: QuestPaged):
     """Within the block, `model`'s attention in continuous batching is `attention` (bound to
     BOUND_TO, its prefill chunks to what BOUND_TO named before); the name is given back after."""
+    import transformers
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    check_transformers(transformers.__version__)
     before = ALL_ATTENTION_FUNCTIONS[BOUND_TO]
     attention.base = attention.base or before
     AttentionInterface.register(NAME, attention)
