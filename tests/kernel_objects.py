@@ -40,6 +40,21 @@ def _nvcc() -> str:
     return nvcc
 
 
+def host_program(tmp_path: Path, headers: tuple[str, ...], lines: list[str]) -> str:
+    """What a host program prints that nvcc builds from `lines` (the body of main) after
+    including <cstddef>, <cstdio> and `headers` of kernels/: the kernels' own numbers (struct
+    layouts, launch constants, ring and scratch sizes) for the tests to hold the Python to."""
+    src = tmp_path / "host.cu"
+    includes = "".join(f'#include "{h}"\n' for h in headers)
+    src.write_text("#include <cstddef>\n#include <cstdio>\n" + includes + "int main() {\n"
+                   + "\n".join(lines) + "\n}\n")
+    exe = tmp_path / "host"
+    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
 class Builds:
     """Every part of PARTS compiled with QP_INSTANTIATE_ALL by nvcc processes over the CPUs,
     started at once; calling it with a source waits for that source's parts."""

@@ -15,7 +15,7 @@ from questprof import KERNELS_DIR, ROOT
 from questprof.backends import constants, variants
 from questprof.core.fp8 import E4M3
 
-from kernel_objects import SOURCES, _nvcc
+from kernel_objects import SOURCES, _nvcc, host_program
 
 CUPY_BACKEND = ROOT / "questprof" / "backends" / "cupy.py"
 LAUNCHER = (CUPY_BACKEND, ROOT / "questprof" / "backends" / "variants.py")
@@ -60,16 +60,8 @@ def test_constants_parse_as_the_compiler_reads_them(tmp_path):
             lines.append(f'for (int x : {name}) std::printf("{name} %d\\n", x);')
         else:
             lines.append(f'std::printf("{name} %d\\n", {name});')
-    src = tmp_path / "print.cu"
-    src.write_text('#include <cstdio>\n#include "constants.cuh"\nint main() {\n'
-                   + "\n".join(lines) + "\n}\n")
-    exe = tmp_path / "print"
-    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
     printed: dict[str, list[int]] = {}
-    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    for line in run.stdout.splitlines():
+    for line in host_program(tmp_path, ("constants.cuh",), lines).splitlines():
         name, value = line.split()
         printed.setdefault(name, []).append(int(value))
     assert printed == {n: list(v) if isinstance(v, tuple) else [v] for n, v in consts.items()}
@@ -193,15 +185,7 @@ def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):
                                   variants.DEEP_STAGES))  # the deeper rings: bytes only
     lines += [f'std::printf("%d\\n", attention_ring_bytes<{caches[kv]}, {d}, {g}, {n}>());'
               for kv, d, g, n in deep]
-    src = tmp_path / "ring.cu"
-    src.write_text('#include <cstdio>\n#include "attention_tile.cuh"\nint main() {\n'
-                   + "\n".join(lines) + "\n}\n")
-    exe = tmp_path / "ring"
-    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    printed = run.stdout.splitlines()
+    printed = host_program(tmp_path, ("attention_tile.cuh",), lines).splitlines()
     got = [tuple(map(int, line.split()))[2:] for line in printed[:len(pairs)]]
     assert got == [(variants.ring_bytes(d, g, kv), variants.tile_tokens(d, g, kv))
                    for kv, d, g in pairs]

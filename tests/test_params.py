@@ -4,13 +4,10 @@ host program nvcc builds (CPU, no GPU)."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 
-from kernel_objects import _nvcc
-from questprof import KERNELS_DIR
+from kernel_objects import host_program
 from questprof.backends import params
 
 
@@ -21,14 +18,7 @@ def test_host_structs_are_the_kernels(tmp_path):
         for field in dtype.names:
             lines.append(f'std::printf("{name} {field} %zu %zu\\n", offsetof({name}, {field}), '
                          f'sizeof((({name}*)nullptr)->{field}));')
-    src = tmp_path / "layout.cu"
-    src.write_text('#include <cstddef>\n#include <cstdio>\n#include "params.cuh"\nint main() {\n'
-                   + "\n".join(lines) + "\n}\n")
-    exe = tmp_path / "layout"
-    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o", str(exe)],
-                           capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    printed = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    printed = host_program(tmp_path, ("params.cuh",), lines)
     want = []
     for name, dtype in params.STRUCTS.items():
         want.append(f"{name} - {dtype.itemsize} {dtype.alignment}")

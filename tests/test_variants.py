@@ -243,10 +243,7 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     """QP_TUNE merge=wide: launches of several splits run it (the launch's name says so), one
     split has no merge, and a scratch over the ring falls back to the old merge; merge_scratch
     is attention_merge.cuh's WideMerge::scratch (a host program nvcc builds)."""
-    import subprocess
-
-    from kernel_objects import _nvcc
-    from questprof import KERNELS_DIR
+    from kernel_objects import host_program
 
     wide = variants.parse_tuning("merge=wide")
     assert wide.name == "ctas auto, merge wide"
@@ -263,16 +260,9 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     assert variants.attention_launch(4, 8, 128, 8, 16, "bf16", 132, tuning=wide).merge == "old"
     assert 4 * variants.merge_scratch(1024, 128, 16) > variants.ring_bytes(128, 16)
     cases = [(d, g, s) for d in variants.HEAD_DIMS for g in variants.GROUPS for s in (2, 33, 264)]
-    src = tmp_path / "scratch.cu"
-    src.write_text('#include <cstdio>\n#include "attention_merge.cuh"\nint main() {\n' + "\n".join(
-        f'std::printf("%d\\n", WideMerge<{g}, {d}>::scratch({s}));' for d, g, s in cases)
-        + "\n}\n")
-    build = subprocess.run([_nvcc(), "-std=c++17", f"-I{KERNELS_DIR}", str(src), "-o",
-                            str(tmp_path / "scratch")], capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    out = subprocess.run([str(tmp_path / "scratch")], capture_output=True, text=True, check=True)
-    assert [int(x) for x in out.stdout.split()] == [variants.merge_scratch(s, d, g)
-                                                    for d, g, s in cases]
+    out = host_program(tmp_path, ("attention_merge.cuh",), [
+        f'std::printf("%d\\n", WideMerge<{g}, {d}>::scratch({s}));' for d, g, s in cases])
+    assert [int(x) for x in out.split()] == [variants.merge_scratch(s, d, g) for d, g, s in cases]
 
 
 def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
