@@ -133,6 +133,9 @@ def test_a_cpu_sweep_over_the_host_tier_says_so_and_rows_carry_link_bytes(tmp_pa
     html = tier_report.section(df, meta)
     assert "dense / Quest" in html and tier_report.NO_CEILINGS in html
     assert meta["link_ceilings"] is None
+    stages = tier_report._stages(df[df["kv_tier"] == "host"])  # rounded as drawn; '-' where
+    assert (stages["us"] == stages["us"].round(1)).all()     # nothing crossed the link
+    assert set(stages.loc[stages["link_bytes"] == 0, "link_gbs"]) <= {"-"}
 
 
 def test_summaries_on_the_host_over_an_hbm_cache_exit_2_in_one_line():

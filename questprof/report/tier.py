@@ -37,6 +37,8 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     speed = (dense / quest).rename("dense_over_quest").reset_index()
     ours = ours.merge(speed, on=KEY, how="left")
     ours["length"] = ours["length"].map(fmt_tokens)
+    ours = ours.round({"us": 1, "link_mb": 1, "link_gbs": 1, "dense_over_quest": 2})
+    ours["link_gbs"] = ours["link_gbs"].where(ours["link_bytes"] > 0, "-")  # nothing crossed
     return ours
 
 
