@@ -4,6 +4,10 @@ end to end, on a 2-layer random Llama built from a small config.json (CPU, a few
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +25,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
           "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 SIZE = 16
+OTHER = "QUESTPROF_OTHER_TRANSFORMERS"  # a pip --target folder holding another transformers
 TRACE = [{"prompt": 40, "output": 6}, {"prompt": 100, "output": 8, "arrival": 0.02},
          {"prompt": 17, "output": 5}, {"prompt": 63, "output": 4}]
 
@@ -94,6 +99,27 @@ def test_each_step_splits_into_parts_that_sum_to_it(tiny):
     got = shares(log.parts)
     assert sum(got[f"{p}_share"] for p in PARTS) == pytest.approx(1.0)
     assert got["attention_share"] > 0 and got["decode_steps"] == len(log.steps)
+
+
+def test_the_loop_under_another_transformers_gives_its_tokens():
+    """The two tests above in a fresh Python whose transformers is the one in the folder
+    $QUESTPROF_OTHER_TRANSFORMERS names (`pip install --no-deps --target`, e.g. the H200's 5.17,
+    whose loop calls 'paged|sdpa' with the cache)."""
+    folder = os.environ.get(OTHER)
+    if not folder:
+        pytest.skip(f"{OTHER} unset: set it to a pip --target folder holding another "
+                    f"transformers (e.g. 5.17) to run the loop under it")
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != OTHER}
+    env["PYTHONPATH"] = os.pathsep.join([folder, str(root)])
+    which = subprocess.run([sys.executable, "-c", "import transformers as t; print(t.__file__)"],
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert Path(which.strip()).resolve().is_relative_to(Path(folder).resolve())
+    tests = [f"{__file__}::test_full_budget_gives_transformers_tokens_and_small_budget_selects",
+             f"{__file__}::test_each_step_splits_into_parts_that_sum_to_it"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]
 
 
 def run(*args):
