@@ -4,6 +4,10 @@ end to end, on a 2-layer random Llama built from a small config.json (CPU, a few
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +25,7 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_s
           "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
           "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
 SIZE = 16
+OTHER = "QUESTPROF_OTHER_TRANSFORMERS"  # a pip --target folder holding another transformers
 TRACE = [{"prompt": 40, "output": 6}, {"prompt": 100, "output": 8, "arrival": 0.02},
          {"prompt": 17, "output": 5}, {"prompt": 63, "output": 4}]
 
@@ -96,6 +101,27 @@ def test_each_step_splits_into_parts_that_sum_to_it(tiny):
     assert got["attention_share"] > 0 and got["decode_steps"] == len(log.steps)
 
 
+def test_the_loop_under_another_transformers_gives_its_tokens():
+    """The two tests above in a fresh Python whose transformers is the one in the folder
+    $QUESTPROF_OTHER_TRANSFORMERS names (`pip install --no-deps --target`, e.g. the H200's 5.17,
+    whose loop calls 'paged|sdpa' with the cache)."""
+    folder = os.environ.get(OTHER)
+    if not folder:
+        pytest.skip(f"{OTHER} unset: set it to a pip --target folder holding another "
+                    f"transformers (e.g. 5.17) to run the loop under it")
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != OTHER}
+    env["PYTHONPATH"] = os.pathsep.join([folder, str(root)])
+    which = subprocess.run([sys.executable, "-c", "import transformers as t; print(t.__file__)"],
+                           env=env, capture_output=True, text=True, check=True).stdout
+    assert Path(which.strip()).resolve().is_relative_to(Path(folder).resolve())
+    tests = [f"{__file__}::test_full_budget_gives_transformers_tokens_and_small_budget_selects",
+             f"{__file__}::test_each_step_splits_into_parts_that_sum_to_it"]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]
+
+
 def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
@@ -156,14 +182,8 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     settings = LoopSettings(SIZE, 8, 64, 256)
     kernels = StagesDecode(get_backend("cupy"))
     full = Policy("quest", SIZE, 1024, dense_layers=0)
-    import transformers
-    from questprof.core.config import ConfigError
-    from questprof.serving.paged_attention import MIN_TRANSFORMERS
-    if tuple(int(x) for x in transformers.__version__.split(".")[:2]) < MIN_TRANSFORMERS:
-        with pytest.raises(ConfigError, match="paged|sdpa"):  # the H200's 5.17: said, not faked
-            serve(model, requests, full, settings, HostDecode())
-        return
-    want, _ = serve(model, requests, full, settings, HostDecode())
+    want, log = serve(model, requests, full, settings, HostDecode())
+    assert log.selections == 2 * sum(r.output - 1 for r in requests)  # ours ran (5.17 too)
     got, _ = serve(model, requests, full, settings, kernels)
     assert [s.tokens for s in got] == [s.tokens for s in want]
     _, log = serve(model, requests, Policy("quest", SIZE, 2 * SIZE, dense_layers=1), settings,
@@ -230,14 +250,66 @@ def test_the_batching_config_follows_the_transformers_version():
                    "max_requests_per_batch": 8, "use_cuda_graph": False,
                    "allow_block_sharing": False}
     from transformers.generation import ContinuousBatchingConfig
-    assert cb_fields(ContinuousBatchingConfig, LoopSettings(16, 8, 64, 256))["page_size"] == 16
+    got = cb_fields(ContinuousBatchingConfig, LoopSettings(16, 8, 64, 256))
+    assert got.get("page_size", got.get("block_size")) == 16
 
 
-def test_a_transformers_whose_loop_would_not_call_ours_is_refused_in_one_line():
+class _Loop:
+    """A stand-in ContinuousBatchingManager whose switch sets the model to `to` (or raises)."""
+
+    def __init__(self, to):
+        self.to = to
+
+    def switch_to_cb_friendly_attn(self, manager, model):
+        if isinstance(self.to, Exception):
+            raise self.to
+        model.set_attn_implementation(self.to(model.config._attn_implementation))
+
+
+def test_the_bound_name_is_the_one_the_loop_runs_and_others_are_refused_in_one_line():
+    """5.24's loop keeps 'sdpa', 5.17's prefixes 'paged|'; a loop that runs SDPA under
+    another name, or refuses it, is said in one line; the installed one is one of the two."""
     from questprof.core.config import ConfigError
-    from questprof.serving.paged_attention import check_transformers
+    from questprof.serving.paged_attention import LOOP_NAMES, loop_name
+    assert loop_name(_Loop(lambda name: name), "5.24.0") == "sdpa"
+    assert loop_name(_Loop(lambda name: f"paged|{name}"), "5.17.0") == "paged|sdpa"
+    with pytest.raises(ConfigError, match=r"transformers 6.0.0: .* runs SDPA as 'flash"):
+        loop_name(_Loop(lambda name: "flash_attention_3"), "6.0.0")
+    with pytest.raises(ConfigError, match=r"transformers 6.1.0: .* does not run 'sdpa'"):
+        loop_name(_Loop(ValueError("Implementation sdpa is not supported")), "6.1.0")
+    assert loop_name() in LOOP_NAMES
 
-    check_transformers("5.24.0")
-    check_transformers("6.0.1")
-    with pytest.raises(ConfigError, match=r"transformers 5.17.0: .* needs transformers >= 5.24"):
-        check_transformers("5.17.0")
+
+class _Cache:
+    """A 5.17-style cache: update sleeps, then gives the keys and values back [n, Hkv, d]."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        import time
+        t0 = self.clock.now()
+        time.sleep(0.05)
+        self.clock.add("cache", self.clock.now() - t0)
+        return key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)
+
+
+def test_a_call_with_the_cache_counts_the_cache_once(tiny):
+    """5.17's loop passes the cache: QuestPaged writes and reads it before its own timer starts,
+    so the update's time is the cache part's, not the attention's too."""
+    import torch
+    from questprof.serving.paged_attention import QuestPaged
+    from questprof.serving.step_time import Forward, StepClock
+    model, _ = tiny
+    clock = StepClock()
+    clock.forwards.append(Forward(clock.now()))
+    attention = QuestPaged(Policy("dense", SIZE, 64, dense_layers=0), timer=clock)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 4, 1, 16, generator=g), torch.randn(1, 2, 3, 16, generator=g)
+    out, _ = attention(model.model.layers[1].self_attn, q, k, k.clone(), None,
+                       cache=_Cache(clock), cu_seq_lens_q=torch.tensor([0, 1]),
+                       cu_seq_lens_k=torch.tensor([0, 3]), read_index=[torch.tensor([5, 6, 7])],
+                       write_index=[torch.tensor([7])])
+    seconds = clock.forwards[-1].seconds
+    assert out.shape == (1, 1, 4, 16)  # one decode request over its 3 cached tokens
+    assert seconds["cache"] >= 0.05 > seconds["attention_call"]

@@ -12,9 +12,12 @@ cache is a Quest page: its min/max summary is kept per cache page (slot index //
 updated as transformers writes tokens; a page whose first slot is written starts afresh, which
 re-initialises a freed page that a new request reuses.
 
-transformers runs continuous batching only under its own implementation names ('sdpa',
-'paged|eager' or a flash kernel's, 5.24: `switch_to_cb_friendly_attn`), so `bound` binds
-QuestPaged to 'sdpa' for the run and gives the name back after.
+transformers runs continuous batching only under its own implementation names, and the name
+SDPA runs under and how the loop calls it differ by version: 5.24's loop calls 'sdpa' with the
+pages already read; 5.17's calls 'paged|sdpa' with the cache itself (a `cache` argument), which
+the function writes and reads (`read_cache`, as 5.17's sdpa_paged.py does). `bound` asks the
+installed loop which name it runs (`loop_name`), binds QuestPaged to it for the run and gives the
+name back after.
 """
 
 from __future__ import annotations
@@ -31,21 +34,58 @@ from questprof.fidelity.host_index import topk
 from questprof.fidelity.task_selectors import matmul_bound
 
 NAME = "questprof_paged"  # the name it is registered under, for a reader of AttentionInterface
-BOUND_TO = "sdpa"         # the name continuous batching accepts (transformers 5.24)
-# The oldest transformers whose loop calls BOUND_TO with the pages already read (5.24). 5.17's
-# loop calls 'paged|sdpa', which reads and writes the cache itself: on the H200 (2026-12-02) the
-# function bound to 'sdpa' was never called and the "quest" run was transformers' own attention.
-MIN_TRANSFORMERS = (5, 24)
+# The names transformers' loop runs SDPA under, each with how it calls the function: 'sdpa'
+# (5.24) with each request's keys and values read from the cache, 'paged|sdpa' (5.17) with the
+# cache to write and read. On the H200's 5.17 (2026-12-02) a function bound to 'sdpa' alone was
+# never called and the "quest" run was transformers' own attention.
+LOOP_NAMES = ("sdpa", "paged|sdpa")
 
 
-def check_transformers(version: str) -> None:
-    """ConfigError in one line where transformers' loop would not call questprof's attention."""
-    got = tuple(int(x) for x in version.split(".")[:2] if x.isdigit())
-    if got < MIN_TRANSFORMERS:
-        want = ".".join(map(str, MIN_TRANSFORMERS))
-        raise ConfigError(f"transformers {version}: its continuous batching calls 'paged|sdpa', "
-                          f"which reads the cache itself, so questprof's attention would never "
-                          f"run; questprof serve needs transformers >= {want}")
+class _StandIn:
+    """A model without flash attention, set to 'sdpa': what the loop switches it to is the name
+    the loop runs SDPA under."""
+
+    _supports_flash_attn = False
+
+    def __init__(self) -> None:
+        self.config = type("Config", (), {"_attn_implementation": "sdpa"})()
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+
+def loop_name(manager=None, version: str = "") -> str:
+    """The name of LOOP_NAMES the installed transformers' continuous batching runs SDPA under,
+    asked of its own `switch_to_cb_friendly_attn` (`manager`: its ContinuousBatchingManager);
+    ConfigError in one line where it runs neither."""
+    if manager is None:
+        import transformers
+        from transformers.generation import ContinuousBatchingManager as manager
+        version = transformers.__version__
+    model = _StandIn()
+    try:
+        manager.switch_to_cb_friendly_attn(type("Manager", (), {})(), model)
+    except (AttributeError, TypeError, ValueError) as e:
+        raise ConfigError(f"transformers {version}: its continuous batching does not run "
+                          f"'sdpa' ({e}), so questprof's attention cannot be bound") from None
+    name = model.config._attn_implementation
+    if name not in LOOP_NAMES:
+        raise ConfigError(f"transformers {version}: its continuous batching runs SDPA as "
+                          f"{name!r}, which questprof's attention does not know how to take "
+                          f"the place of (it knows {', '.join(LOOP_NAMES)})")
+    return name
+
+
+def read_cache(module, key, value, kwargs: dict):
+    """What 5.17's 'paged|sdpa' does first: write this call's keys and values [1, Hkv, n, d]
+    into kwargs' `cache` (popped) at write_index and read every request's back by read_index;
+    returns keys and values [1, Hkv, sum of lengths, d], as 5.24's loop passes them."""
+    cache = kwargs.pop("cache")
+    key, value = cache.update(key_states=key, value_states=value, layer_idx=module.layer_idx,
+                              read_index=kwargs["read_index"], write_index=kwargs["write_index"])
+    return key.transpose(0, 1).unsqueeze(0), value.transpose(0, 1).unsqueeze(0)
+
+
 POLICIES = ("dense", "quest", "hybrid")
 
 
@@ -209,6 +249,8 @@ class QuestPaged:
         self.timer = timer  # serving/step_time.StepClock: this call's and base's seconds
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        if "cache" in kwargs:  # 5.17's loop: the cache's time is its own part, not ours
+            key, value = read_cache(module, key, value, kwargs)
         if self.timer is None:
             return self._call(module, query, key, value, attention_mask, **kwargs)
         t0 = self.timer.now()
@@ -286,18 +328,19 @@ def _as_tensor(x: np.ndarray, device):
 
 @contextmanager
 def bound(model, attention: QuestPaged):
-    """Within the block, `model`'s attention in continuous batching is `attention` (bound to
-    BOUND_TO, its prefill chunks to what BOUND_TO named before); the name is given back after."""
-    import transformers
+    """Within the block, `model`'s attention in continuous batching is `attention` (bound to the
+    name the loop runs SDPA under, its prefill chunks to transformers' plain 'sdpa'); the name
+    and the model's implementation are given back after."""
     from transformers import AttentionInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    check_transformers(transformers.__version__)
-    before = ALL_ATTENTION_FUNCTIONS[BOUND_TO]
-    attention.base = attention.base or before
+    name = loop_name()
+    before, was = ALL_ATTENTION_FUNCTIONS[name], model.config._attn_implementation
+    attention.base = attention.base or ALL_ATTENTION_FUNCTIONS["sdpa"]
     AttentionInterface.register(NAME, attention)
-    AttentionInterface.register(BOUND_TO, attention)
-    model.set_attn_implementation(BOUND_TO)
+    AttentionInterface.register(name, attention)
+    model.set_attn_implementation(name)
     try:
         yield attention
     finally:
-        AttentionInterface.register(BOUND_TO, before)
+        AttentionInterface.register(name, before)
+        model.set_attn_implementation(was)

@@ -7,7 +7,8 @@ the decoder layer's ops and cost more than the attention of a small step). Wall-
 `perf_counter` around:
 - each forward of the model (a forward pre-hook and hook on the model): the step's forward;
 - `PagedAttentionCache.update` (wrapped for the run): it writes the step's keys and values at
-  `write_index` and reads every request's back by `read_index`, all layers;
+  `write_index` and reads every request's back by `read_index`, all layers (5.24's model calls
+  it; on 5.17 QuestPaged does, before its own timer starts, so it is never in attention too);
 - QuestPaged's call per layer, and inside it the calls of the attention it replaced for
   prefill chunks (QuestPaged.timer).
 A step runs from one forward's start to the next's (the last: to its own end). Its parts:
