@@ -84,8 +84,11 @@ def tier_fields(cfg, stage: str, union: float | None = None,
     None over HBM, and for stages the byte model does not hold."""
     if tier.kv_tier(cfg) == "hbm" or stage not in ROW_STAGES:
         return {"link_bytes": None, "tier_hbm_bytes": None, "miss_rate": None}
-    parts = (tier.quest_tier_bytes(cfg, miss_rate, union_pages=union) if stage == "quest"
-             else tier.tier_bytes(cfg, miss_rate, union_pages=union)[stage])
+    # sweep and bench read the host tier's pages in place (workload/pools.py): zero-copy, no
+    # staging copy in HBM (the gather path runs in tools/host_tier_check.py only)
+    parts = (tier.quest_tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)
+             if stage == "quest" else
+             tier.tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)[stage])
     return {"link_bytes": parts.link, "tier_hbm_bytes": parts.hbm,
             "miss_rate": miss_rate if cfg.hbm_pages else None}
 

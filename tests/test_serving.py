@@ -88,7 +88,7 @@ def test_policy_checks():
     quest = Policy("quest", 16, 64, dense_layers=2)
     assert not quest.sparse(1, 10_000) and quest.sparse(2, 10) and quest.k_pages == 4
     hybrid = Policy("hybrid", 16, 64, crossover=1000)
-    assert hybrid.sparse(3, 1001) and not hybrid.sparse(3, 1000)
+    assert hybrid.sparse(3, 1000) and not hybrid.sparse(3, 999)  # Quest wins from 1000 on
     with pytest.raises(ValueError, match="crossover"):
         Policy("hybrid", 16, 64)
     with pytest.raises(ValueError, match="unknown policy"):
@@ -113,3 +113,23 @@ def test_trace_and_named_mixes(tmp_path):
     with pytest.raises(ConfigError, match="LongBench"):
         named_mix("longbench", [2048], 5, 3)
     json.dumps([s.__dict__ for s in mix])  # rows can carry them
+
+
+def test_hybrid_takes_its_crossover_from_hbm_per_head_rows_only(tmp_path):
+    """serve decodes per-head from HBM: a sweep of the host tier has no crossover for it (the
+    crossover of any sweep at the page size and budget was taken before)."""
+    import dataclasses
+
+    from questprof.backends.numpy import NumpyBackend
+    from questprof.commands import sweep
+    from questprof.commands.serve import crossover_from
+    from questprof.core.config import ConfigError
+    from questprof.core.scenarios import expand, load_scenario
+
+    smoke = load_scenario("smoke")
+    points = [dataclasses.replace(c, kv_tier="host", mode="per-head")
+              for c in expand(smoke, lengths="256,1000", budgets="64")]
+    sweep.run_sweep(smoke, points, NumpyBackend(), tmp_path, opts=sweep.Options(repeats=1,
+                                                                                  warmup=0))
+    with pytest.raises(ConfigError, match="no Quest/dense pair"):
+        crossover_from(tmp_path, 16, 64)

@@ -197,6 +197,12 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
+    (["--mix", "uniform", "--lengths", "64", "--page-size", "0"], "--page-size 0: expected"),
+    (["--mix", "uniform", "--lengths", "64", "--requests", "0"], "--requests 0: expected"),
+    (["--mix", "uniform", "--lengths", "64", "--output", "0"], "--output 0: expected"),
+    (["--mix", "uniform", "--lengths", "64", "--num-blocks", "2", "--policy", "dense"],
+     "longest request needs"),
+    (["--mix", "uniform", "--lengths", "64", "--dense-layers", "2"], "Quest would select in none"),
 ])
 def test_bad_input_is_one_line(config_json, tmp_path, flags, said):
     bad = tmp_path / "bad.jsonl"
@@ -227,7 +233,7 @@ def test_finished_runs_are_kept_when_a_later_one_fails(config_json, tmp_path, mo
     monkeypatch.setattr(serve_run, "serve", second_fails)  # where serve_run calls it
     out = tmp_path / "out"
     result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
-                 "--requests", 2, "--output", 3, "--budget", 32, "--out", out)
+                 "--requests", 2, "--output", 3, "--budget", 32, "--dense-layers", 1, "--out", out)
     assert result.exit_code == 2 and "the second run failed" in result.stderr
     rows = results.read_rows(out)
     assert {r["policy"] for r in rows} == {"dense"}

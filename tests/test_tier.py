@@ -154,3 +154,33 @@ def load_smoke():
     from questprof.core.scenarios import load_scenario
 
     return load_scenario("smoke").model
+
+
+def test_the_tier_table_pairs_dense_and_quest_of_one_model_only():
+    """Two models at one (length, batch, budget, mode): each model's dense over its own Quest
+    step (the table cross-joined them before: each line carried both ratios)."""
+    import pandas as pd
+
+    from questprof.report import tier as tier_report
+
+    base = {"impl": "ours", "kv_tier": "host", "length": 32768, "batch": 1, "page_size": 16,
+            "budget": 2048, "mode": "shared-mean", "summary_tier": "hbm", "hbm_pages": 0,
+            "kv_dtype": "bf16", "summary_dtype": "bf16", "tp": None, "link_bytes": 1.0}
+    rows = pd.DataFrame([{**base, "model": m, "stage": s, "median_ms": ms}
+                         for m, d, q in (("a", 2.0, 1.0), ("b", 6.0, 1.0))
+                         for s, ms in (("dense", d), ("quest", q))])
+    got = tier_report._stages(rows)
+    assert len(got) == 4
+    assert dict(zip(got["model"], got["dense_over_quest"])) == {"a": 2.0, "b": 6.0}
+
+
+def test_the_byte_check_over_the_host_tier_is_one_line():
+    """bytes judges DRAM counters; over the host tier the pages cross the link: refused."""
+    from typer.testing import CliRunner
+
+    from questprof.cli import app
+
+    got = CliRunner().invoke(app, ["bytes", "--check-formula", "--scenario", "smoke",
+                                   "--lengths", "2k", "--budget", "256", "--kv-tier", "host"])
+    assert got.exit_code == 2 and "--kv-tier host: the byte check judges DRAM" in got.stderr
+    assert "Traceback" not in got.output

@@ -88,6 +88,8 @@ def _row(cfg, stage, impl, timing, work, ceiling, layers, backend) -> dict:
     row = make_row(cfg, stage, scenario="bench", backend=backend.name, impl=impl,
                    timing=timing.summary(), work=work, layers=layers, note=timing.note)
     gbs = row["bandwidth_gbs"]
+    if tier.kv_tier(cfg) == "host":  # link-bound rows: the HBM read ceiling does not judge them
+        return {**row, "ceiling_gbs": None, "ratio": None}
     return {**row, "ceiling_gbs": ceiling, "ratio": gbs / ceiling if gbs and ceiling else None}
 
 
@@ -115,7 +117,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
         rows += _flashinfer_rows(cfg, work, time, ceiling, layers, backend)
     del work
     release(backend)
-    if read_ms is not None:
+    if read_ms is not None and tier.kv_tier(cfg) == "hbm":  # an HBM read ladder: HBM rows only
         for r in rows:
             if r["impl"] == OURS and r["stage"] in SAME_BYTES_STAGES and r.get("median_ms"):
                 ms = read_ms(int(r["read_bytes"] + r["unmodelled_bytes"]))

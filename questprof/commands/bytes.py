@@ -252,6 +252,10 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     if args.protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol {args.protocol!r}: expected rotate or flush")
     _, configs = configs_from_args(asdict(args))
+    if any(c.kv_tier == "host" for c in configs):
+        raise ConfigError("--kv-tier host: the byte check judges DRAM counters, and over the host "
+                          "tier K and V cross the link, which no counter here measures; check "
+                          "the HBM-resident cache, or time the tier with sweep / bench")
     console.err.print(f"rho = {model.rho_text(configs[0].model)}", highlight=False, markup=False)
     result = run_check(configs, args.source, args.tolerance,
                        log=lambda line: console.err.print(line, highlight=False),

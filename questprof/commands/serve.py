@@ -25,6 +25,9 @@ def crossover_from(sweep: Path | None, page_size: int, budget: int) -> int | Non
     if sweep is None:
         raise ConfigError("policy hybrid needs a sweep's crossover: give --sweep DIR")
     df = results.load(sweep)[0]
+    for column, value in (("kv_tier", "hbm"), ("mode", "per-head")):  # what serve decodes:
+        if column in df:                                                # HBM, per-head
+            df = df[df[column].fillna(value) == value]
     cross = crossovers(paired(df))
     mine = cross[(cross["page_size"] == page_size) & (cross["budget"] == budget)]
     if mine.empty or set(mine["kind"]) == {"none"}:
@@ -34,8 +37,20 @@ def crossover_from(sweep: Path | None, page_size: int, budget: int) -> int | Non
     return int(found["length"].max()) if len(found) else None
 
 
+def check_counts(args: ServeArgs) -> None:
+    """ConfigError in one line for a count that cannot run (each was a traceback before)."""
+    for flag, value, low in (("--page-size", args.page_size, 1), ("--requests", args.requests, 1),
+                             ("--output", args.output, 1), ("--seed", args.seed, 0),
+                             ("--dense-layers", args.dense_layers, 0),
+                             ("--num-blocks", args.num_blocks, 1),
+                             ("--max-batch-tokens", args.max_batch_tokens, 1)):
+        if value is not None and value < low:
+            raise ConfigError(f"{flag} {value}: expected a whole number >= {low}")
+
+
 def policies(args: ServeArgs) -> list[Policy]:
     """The policies asked for, each checked; hybrid with the sweep's crossover."""
+    check_counts(args)
     validate_budget(args.budget, args.page_size)
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not names or set(names) - set(POLICIES):

@@ -25,6 +25,19 @@ PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
 ENGINES = ("host", "kernels")  # --engine: paged_attention.HostDecode, stages_decode.StagesDecode
 
 
+def check_fits(args: ServeArgs, policies, specs, layers: int) -> None:
+    """ConfigError in one line, before any run: a Quest policy whose dense layers take every
+    layer (it would select nothing and still say quest), or cache pages too few for the longest
+    request (transformers stops with a RuntimeError)."""
+    if any(p.name != "dense" for p in policies) and args.dense_layers >= layers:
+        raise ConfigError(f"--dense-layers {args.dense_layers}: the model has {layers} layers, so "
+                          "Quest would select in none; lower it below the layer count")
+    need = max(-(-(s.prompt + s.output) // args.page_size) for s in specs) + 1
+    if args.num_blocks is not None and args.num_blocks < need:
+        raise ConfigError(f"--num-blocks {args.num_blocks}: the longest request needs {need} "
+                          f"pages of {args.page_size} tokens")
+
+
 def _settings(args: ServeArgs, concurrency: int, requests):
     """The loop's settings: with no --num-blocks, cache pages for every request at once; with
     no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK (transformers
@@ -97,6 +110,7 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     """Every (policy, concurrency) over the mix; rows appended as each run ends."""
     engine, engine_name = decode_engine(args.engine, log)
     loaded = load_serving_model(args.model, args.seed)
+    check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
             "serve": {k: str(v) for k, v in asdict(args).items()},

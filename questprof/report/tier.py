@@ -17,7 +17,9 @@ LEDE = ("K and V pages in host memory, read over the host link: each stage's tim
         "page crosses; the hit rate of an HBM page cache comes from a real model's replay.")
 NO_CEILINGS = ("No link ceilings in this run (measured on a GPU only; on the CPU the host is the "
                "host and the link bytes are modelled).")
-KEY = ["length", "batch", "page_size", "budget", "mode", "summary_tier", "hbm_pages"]
+# one configuration: dense pairs with the Quest step of the same model and cache only
+KEY = ["model", "kv_dtype", "summary_dtype", "tp", "length", "batch", "page_size", "budget",
+       "mode", "summary_tier", "hbm_pages"]
 
 
 def has_tier(df: pd.DataFrame) -> bool:
@@ -32,10 +34,12 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     ours["us"] = ours["median_ms"] * 1e3
     ours["link_mb"] = ours["link_bytes"] / 1e6
     ours["link_gbs"] = ours["link_bytes"] / (ours["median_ms"] * 1e-3) / 1e9
-    dense = ours[ours["stage"] == "dense"].set_index(KEY)["median_ms"]
-    quest = ours[ours["stage"] == "quest"].set_index(KEY)["median_ms"]
+    key = [k for k in KEY if k in ours]
+    ours[key] = ours[key].astype(object).where(ours[key].notna(), "")  # NaN keys pair as equal
+    dense = ours[ours["stage"] == "dense"].set_index(key)["median_ms"]
+    quest = ours[ours["stage"] == "quest"].set_index(key)["median_ms"]
     speed = (dense / quest).rename("dense_over_quest").reset_index()
-    ours = ours.merge(speed, on=KEY, how="left")
+    ours = ours.merge(speed, on=key, how="left")
     ours["length"] = ours["length"].map(fmt_tokens)
     ours = ours.round({"us": 1, "link_mb": 1, "link_gbs": 1, "dense_over_quest": 2})
     ours["link_gbs"] = ours["link_gbs"].where(ours["link_bytes"] > 0, "-")  # nothing crossed

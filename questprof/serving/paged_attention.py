@@ -120,7 +120,7 @@ class Policy:
         """Whether a decode step of a request of `length` tokens selects pages in `layer`."""
         if self.name == "dense" or layer < self.dense_layers:
             return False
-        return self.name == "quest" or length > self.crossover
+        return self.name == "quest" or length >= self.crossover  # wins from it on
 
 
 class PageSummaries:
