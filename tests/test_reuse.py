@@ -57,6 +57,22 @@ def test_bad_settings_are_one_line():
         reuse_cmd.settings(ReuseArgs(budget="256", hbm_pages="8"))
     with pytest.raises(ConfigError, match="at least 2 decode steps"):
         reuse_cmd.settings(ReuseArgs(steps=1))
+    with pytest.raises(ConfigError, match="reuse takes one length"):  # before the model loads
+        reuse_cmd.settings(ReuseArgs(length="2k,4k"))
+
+
+def test_reuse_into_a_sweeps_directory_keeps_its_meta(monkeypatch, tmp_path):
+    """The tier section asks for `reuse --out SWEEP_DIR`: the sweep's meta stays, reuse's joins."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "meta.json").write_text('{"scenario": "smoke", "grid": {"lengths": [2048]}}')
+    monkeypatch.setattr(reuse_cmd, "captures", lambda args, log: ("synthetic", [capture(seed=3)]))
+    got = CliRunner().invoke(app, ["reuse", "--budget", "64", "--mode", "shared-mean",
+                                   "--dense-layers", "1", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    meta = results.load(out)[1]
+    assert meta["scenario"] == "smoke" and meta["grid"] == {"lengths": [2048]}
+    assert meta["reuse"]["kind"] == "reuse"
 
 
 def test_the_command_writes_rows_and_prints_the_table(monkeypatch, tmp_path):

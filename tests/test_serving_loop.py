@@ -148,6 +148,8 @@ def test_serve_writes_rows_and_report(config_json, tmp_path):
     steps = df[df["stage"] == "serve-step"]
     assert len(steps) and steps["step_ms"].gt(0).all()
     assert runs["attention_share"].between(0, 1).all()
+    again = run("serve", "--model", config_json, "--trace", trace, "--out", out)  # not appended
+    assert again.exit_code == 2 and "already holds a run" in again.stderr
 
 
 def test_kernels_engine_runs_the_backends_stages(config_json, tmp_path):

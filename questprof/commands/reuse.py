@@ -9,6 +9,7 @@ One row per (page size, budget, mode, layer, C); layer None sums the layers >= d
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -35,6 +36,9 @@ def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
         raise ConfigError(f"--steps {args.steps}: reuse needs at least 2 decode steps")
     if args.prompts < 1:
         raise ConfigError(f"--prompts {args.prompts} must be at least 1")
+    lengths = parse_sizes(args.length, "length")  # before the model loads (23 s for SmolLM2)
+    if len(lengths) != 1:
+        raise ConfigError(f"--length {args.length}: reuse takes one length, got {len(lengths)}")
     modes = check_modes(args.mode.split(","))
     out = []
     for s, b, m in itertools.product(parse_sizes(args.page_size, "page sizes"),
@@ -124,6 +128,8 @@ def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list
             "backend": backend.name, "args": args.__dict__, "machine": machine_info(),
             **git_fields(),
             "answers": [c.info.get("generated", "") for c in caps]}
+    if (target / "meta.json").is_file():  # a sweep's directory: its meta stays, ours joins it
+        meta = {**json.loads((target / "meta.json").read_text(encoding="utf-8")), "reuse": meta}
     with ResultsWriter(target, meta) as writer:
         writer.extend(rows)
     return target, rows
