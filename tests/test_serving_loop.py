@@ -143,6 +143,7 @@ def test_serve_writes_rows_and_report(config_json, tmp_path):
                                                                       asked["tokens"]))
     html = (out / "report.html").read_text()
     assert "Serving: latency per token" in html and "fig-serving-cdf" in html
+    assert "on the CPU" in html.split("</h1>")[0]  # the title says where the model ran
     assert "fig-serving-throughput" in html and "1. Crossover" not in html
     assert "Amdahl limit x" in html and "cache reads/writes" in html
     steps = df[df["stage"] == "serve-step"]

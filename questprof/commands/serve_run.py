@@ -114,6 +114,7 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
             "serve": {k: str(v) for k, v in asdict(args).items()},
+            "device": loaded.model.device.type,  # where the model ran: cpu, cuda
             "machine": machine_info(), **git_fields()}
     with results.ResultsWriter(target, meta) as writer:
         for policy in policies:

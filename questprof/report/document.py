@@ -148,8 +148,8 @@ def _header(df: pd.DataFrame, meta: dict, parts, timed: bool) -> tuple[str, str]
     """Title, command, banners and the navigation of the sections `parts` on the page. The CPU
     banner stands only over times: a fidelity-only run on a CPU has none."""
     backends = set(df["backend"].dropna()) if "backend" in df else set()
-    cpu = str(meta.get("backend")).startswith("numpy") or (  # numpy, numpy-fp32
-        bool(backends) and all(str(b).startswith("numpy") for b in backends))
+    cpu = str(meta.get("backend")).startswith("numpy") or meta.get("device") == "cpu" or (
+        bool(backends) and all(str(b).startswith("numpy") for b in backends))  # numpy(-fp32)
     gpu = (meta.get("machine") or {}).get("gpu") or ("the CPU" if cpu else "an unknown GPU")
     title = f"questprof: {meta.get('scenario', 'run')} on {gpu}"
     banner = f"<p class=\"banner\">{CPU_BANNER}.</p>" if cpu and timed else ""
