@@ -13,7 +13,7 @@ import pytest
 
 from questprof.core import reference
 from questprof.backends import gpu_unavailable_reason
-from questprof.core.layout import from_storage, random_paged_kv, rebuild_plan, to_storage
+from questprof.core.layout import from_storage, full_plan, random_paged_kv, to_storage
 
 from kernel_objects import kernel_builds, objects  # noqa: F401  (the compiled kernels: fixtures)
 
@@ -82,14 +82,6 @@ def rel_err(out, ref) -> float:
     out, ref = np.asarray(out, dtype=np.float64), np.asarray(ref, dtype=np.float64)
     assert np.isfinite(out).all(), "non-finite values in the output"
     return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
-
-
-def full_plan(kv):
-    """Rebuild plan of every page of every request (a prefill of all valid slots)."""
-    indptr, indices, last = (np.asarray(x) for x in (kv.kv_indptr, kv.kv_indices, kv.last_page_len))
-    valid = np.full(len(indices), kv.page_size, dtype=np.int32)
-    valid[indptr[1:] - 1] = last
-    return rebuild_plan(indices, valid)
 
 
 def make_case(rng, lengths, page_size, kv_heads, head_dim, dtype, **kwargs):

@@ -50,18 +50,8 @@ def _digest(gpu, x) -> str:
     return hashlib.sha256(np.ascontiguousarray(gpu.to_host(x)).tobytes()).hexdigest()[:16]
 
 
-def full_plan(kv):
-    """Rebuild plan of every page of every request (a prefill of all valid slots)."""
-    from questprof.core.layout import rebuild_plan
-
-    indptr, indices = np.asarray(kv.kv_indptr), np.asarray(kv.kv_indices)
-    valid = np.full(len(indices), kv.page_size, dtype=np.int32)
-    valid[indptr[1:] - 1] = np.asarray(kv.last_page_len)
-    return rebuild_plan(indices, valid)
-
-
 def _case(gpu, shape, seed):
-    from questprof.core.layout import random_paged_kv, random_queries
+    from questprof.core.layout import full_plan, random_paged_kv, random_queries
 
     _, hq, hkv, d, s, dtype, kv_dtype, summ, long_pages = shape
     rng = np.random.default_rng(seed)
@@ -111,6 +101,7 @@ def run_all(only: str | None = None, backend: str = "cupy") -> dict[str, str]:
 def _forms(gpu, kv, dev, dq, name, k_pages) -> dict[str, str]:
     from questprof.backends import cupy_selectors as cs
     from questprof.core import selectors
+    from questprof.core.layout import full_plan
 
     out = {}
     for text in FORMS:

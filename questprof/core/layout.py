@@ -302,3 +302,12 @@ def rebuild_plan(page_ids, valid_len) -> AppendPlan:
     """Plan that recomputes the summaries of `page_ids` from their first `valid_len` keys."""
     ids = np.asarray(page_ids, dtype=np.int32)
     return AppendPlan(ids, np.zeros_like(ids), np.asarray(valid_len, dtype=np.int32))
+
+
+def full_plan(kv: PagedKV) -> AppendPlan:
+    """Rebuild plan of every page of every request of a host cache (a prefill of every valid
+    slot: whole pages, each request's tail page up to its last_page_len)."""
+    indptr, indices = np.asarray(kv.kv_indptr), np.asarray(kv.kv_indices)
+    valid = np.full(len(indices), kv.page_size, dtype=np.int32)
+    valid[indptr[1:] - 1] = np.asarray(kv.last_page_len)
+    return rebuild_plan(indices, valid)
