@@ -177,7 +177,9 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     from questprof.serving.paged_attention import HostDecode
     from questprof.serving.stages_decode import StagesDecode
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**CONFIG, "torch_dtype": "float16"}))
+    # head dim 64 (256 / 4 heads), a dim the kernels build; CONFIG's 16 is refused by the kernels
+    path.write_text(json.dumps({**CONFIG, "hidden_size": 256, "intermediate_size": 512,
+                                "torch_dtype": "float16"}))
     model = load_serving_model(str(path)).model
     assert model.device.type == "cuda"
     specs = [Spec(t["prompt"], t["output"], t.get("arrival", 0.0)) for t in TRACE]

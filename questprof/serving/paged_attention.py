@@ -286,9 +286,14 @@ class QuestPaged:
                 items.append(self._item(layer, query[0, :, q0], key[0, :, k0:k1],
                                         value[0, :, k0:k1], slots[k0:k1]))
             else:
-                mask = None if attention_mask is None else attention_mask[..., q0:q1, k0:k1]
-                out[0, q0:q1] = self._prefill(module, query[..., q0:q1, :], key[..., k0:k1, :],
-                                              value[..., k0:k1, :], mask, **kwargs)
+                # contiguous copies: a slice of the mask starts k0 elements in, and torch's
+                # memory-efficient SDPA takes such a bias without checking its alignment (the
+                # H200, torch 2.11, transformers 5.17: 'misaligned address' in the loop's prefill)
+                mask = (None if attention_mask is None
+                        else attention_mask[..., q0:q1, k0:k1].contiguous())
+                out[0, q0:q1] = self._prefill(module, *(x.contiguous() for x in (
+                    query[..., q0:q1, :], key[..., k0:k1, :], value[..., k0:k1, :])), mask,
+                    **kwargs)
         if self.timer is not None and layer == 0:
             self.timer.batch(len(items), sum(q1 - q0 for q0, q1, _, _ in spans) - len(items))
         if items:
