@@ -36,10 +36,10 @@ struct SummaryParams {
   const int* end;
 };
 
-// estimate.cu: scores [Hs, nnz] of summaries summ under queries q.
+// estimate.cu: scores [Hs, nnz] of summaries summ under queries q (q is the kernel's second
+// argument, a __restrict__ pointer: estimate.cu says why).
 struct EstimateParams {
   PagedCache cache;
-  const uint16_t* q;          // [B, Hq, d]
   const void* summ;           // [N, Hkv, (boxes,) 2, d]
   const float* summ_scale;    // [Hkv]: E4M3 summaries' scale (else null)
   float* scores;              // [Hs, nnz]
@@ -57,6 +57,17 @@ struct TopkParams {
   int cached;                 // keys kept in shared memory
   int rule;                   // RULE_* of topk.cuh
   double param, scaling;      // the rule's parameter; the logits' scaling of the bounds
+};
+
+// gather.cu: each KV head's chosen pages (sel [Hkv, B, K], shared modes) of the cache's pool into a
+// staging pool of B x K slots, [B * K, Hkv, page_words] 16-byte words each of K and V.
+struct GatherParams {
+  PagedCache cache;           // the pool the pages come from (k, v, indptr, indices, batch, kv_heads)
+  void* k_out;                // [B * K, Hkv, page_words]: slot b * K + j holds page sel[h][b][j]
+  void* v_out;
+  const int* sel;             // [Hkv, B, K] page positions within each request, -1 padded
+  int k_pages;
+  int page_words;             // S * d * bytes / 16
 };
 
 // attention.cu: out [B, Hq, d] and lse [B, Hq] over all pages (sel null) or a selection.

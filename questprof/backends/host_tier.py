@@ -21,7 +21,9 @@ from dataclasses import replace
 import cupy
 import numpy as np
 
+from questprof.backends import params
 from questprof.backends.cupy import load_kernel
+from questprof.backends.pdl import PlainLaunch
 from questprof.core.layout import PagedKV
 
 HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: the mapping holds in every context
@@ -110,11 +112,11 @@ def gather(kv: PagedKV, sel, staging: PagedKV) -> None:
     page_bytes = kv.page_size * int(kv.k.shape[3]) * kv.k.dtype.itemsize
     if page_bytes % WORD:
         raise ValueError(f"a page of {page_bytes} bytes is not a whole number of 16-byte words")
-    load_kernel("gather", "gather_pages")(
-        (batch * k_pages, heads), (GATHER_THREADS,),
-        (kv.k, kv.v, staging.k, staging.v, cupy.ascontiguousarray(sel, dtype=cupy.int32),
-         kv.kv_indptr, kv.kv_indices, np.int32(batch), np.int32(k_pages), np.int32(heads),
-         np.int32(page_bytes // WORD)))
+    sel = cupy.ascontiguousarray(sel, dtype=cupy.int32)  # held until the launch is queued
+    p = params.pack(params.GATHER, cache=params.paged_cache(kv), k_out=staging.k,
+                    v_out=staging.v, sel=sel, k_pages=k_pages, page_words=page_bytes // WORD)
+    PlainLaunch()(load_kernel("gather", "gather_pages"), (batch * k_pages, heads),
+                  (GATHER_THREADS,), (p,))
 
 
 def attention_gathered(backend, q, kv: PagedKV, sel, staging: PagedKV):

@@ -28,7 +28,7 @@ PAGED_CACHE = _struct([("k", _P), ("v", _P), ("indptr", _P), ("indices", _P),
                        ("kv_heads", _I), ("page_size", _I), ("page_shift", _I)])
 SUMMARY = _struct([("cache", PAGED_CACHE), ("summ", _P), ("summ_scale", _P), ("page_ids", _P),
                    ("first", _P), ("end", _P)])
-ESTIMATE = _struct([("cache", PAGED_CACHE), ("q", _P), ("summ", _P), ("summ_scale", _P),
+ESTIMATE = _struct([("cache", PAGED_CACHE), ("summ", _P), ("summ_scale", _P),
                     ("scores", _P), ("nnz", _I), ("group", _I), ("mode", _I),
                     ("box_tokens", _I)])
 TOPK = _struct([("cache", PAGED_CACHE), ("scores", _P), ("sel", _P), ("count", _P), ("nnz", _I),
@@ -39,9 +39,11 @@ ATTENTION = _struct([("cache", PAGED_CACHE), ("q", _P), ("sel", _P), ("count", _
                      ("q_heads", _I), ("chunks", _I), ("chunk_size", _I), ("sel_per_q", _I),
                      ("k_sel", _I), ("count_per_head", _I), ("pages_per_split", _I),
                      ("merge", _I), ("scale_log2", _F)])
+GATHER = _struct([("cache", PAGED_CACHE), ("k_out", _P), ("v_out", _P), ("sel", _P),
+                  ("k_pages", _I), ("page_words", _I)])
 # The C name of each struct (tests/test_params.py prints their layouts under these names).
 STRUCTS = {"PagedCache": PAGED_CACHE, "SummaryParams": SUMMARY, "EstimateParams": ESTIMATE,
-           "TopkParams": TOPK, "AttentionParams": ATTENTION}
+           "TopkParams": TOPK, "GatherParams": GATHER, "AttentionParams": ATTENTION}
 
 
 def address(array) -> int:
