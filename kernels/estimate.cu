@@ -157,7 +157,8 @@ struct QHeads {
   QP_DEVICE uint4 build(int nt, int j, int c) const {
     const int off = S::offset(c, j);
     const bool neg = off < D;
-    uint4 v = qh[nt] ? load16_ro(qh[nt] + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
+    // a plain load: q's __restrict__ (estimate_kernel) gives it the read-only path
+    uint4 v = qh[nt] ? load16(qh[nt] + (neg ? off : off - D)) : make_uint4(0u, 0u, 0u, 0u);
     if constexpr (SCALED) v = to_fp16(v, f[nt]);
     return order_like<TS>(neg ? negative_part(v) : positive_part(v));
   }
@@ -171,7 +172,7 @@ struct QHeads {
       const int off = S::offset(c, j);
       if (!qh || off >= D) continue;
       float x[VEC];
-      unpack8<T>(load16_ro(qh + off), x);
+      unpack8<T>(load16(qh + off), x);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) amax = fmaxf(amax, fabsf(x[e]));
     }
@@ -407,11 +408,16 @@ QP_DEVICE void estimate_run(const uint16_t* __restrict__ q, const word_t<TS>* __
   }
 }
 
+// q [B, Hq, d] comes beside the params as a __restrict__ kernel argument: nvcc then loads it
+// through the read-only path with the chunk offsets as immediates ([q + 64], [q + 128], ...).
+// From the struct, __ldg's asm took an or, a widening multiply and an add per load, and a plain
+// load lost the read-only path: the estimate ran 5-6% (asm) and 6-12% (plain) slower than with
+// q as an argument (H200, 2026-12-02, bench of tests/fixtures/bench-gqa.toml side by side).
 template <typename T, typename TS, int D, int NT, int BOXES>
 __global__ void __launch_bounds__(EST_WARPS * 32, EST_NTILE_BLOCKS[NT - 1])
-estimate_kernel(const EstimateParams p) {
+estimate_kernel(const EstimateParams p, const uint16_t* __restrict__ q) {
   const PagedCache& c = p.cache;
-  estimate_run<T, TS, D, NT, BOXES>(p.q, static_cast<const word_t<TS>*>(p.summ), c.indptr,
+  estimate_run<T, TS, D, NT, BOXES>(q, static_cast<const word_t<TS>*>(p.summ), c.indptr,
                                     c.indices, p.scores, c.batch, c.kv_heads, p.nnz, p.group,
                                     p.mode, p.summ_scale, c.last_page_len, p.box_tokens);
 }

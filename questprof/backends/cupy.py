@@ -107,11 +107,11 @@ def run_estimate(q, kv: PagedKV, cache, summ, tags: tuple[str, str], mode: str, 
     smem = variants.estimate_shared_bytes(d, group, tags[1])
     kernel = load_kernel("estimate", expr, launch.defines("estimate"))
     kernel.max_dynamic_shared_size_bytes = smem
-    p = params.pack(params.ESTIMATE, cache=cache, q=q, summ=summ, summ_scale=summ_scale,
+    p = params.pack(params.ESTIMATE, cache=cache, summ=summ, summ_scale=summ_scale,
                     scores=scores, nnz=nnz, group=group, mode=m,
                     box_tokens=kv.page_size // boxes)
-    launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (p,), shared_mem=smem,
-           stage="estimate")
+    launch(kernel, (blocks,), (variants.EST_WARPS * 32,), (p, q), shared_mem=smem,
+           stage="estimate")  # q beside the struct: kernels/estimate.cu says why
     return scores
 
 
