@@ -431,7 +431,8 @@ def serve(
         help='JSONL, one request a line: {"prompt": tokens, "output": tokens, "arrival": '
              "seconds (optional)}")] = ServeArgs.trace,
     mix: Annotated[Optional[str], typer.Option(
-        help="A named mix instead of a trace: uniform or log-uniform (over --lengths)")]
+        help="A named mix instead of a trace: uniform or log-uniform (over --lengths), or "
+             "longbench (LongBench's published task lengths; --lengths optional)")]
         = ServeArgs.mix,
     lengths: Annotated[Optional[str], typer.Option(
         help="The mix's prompt lengths, range syntax: its shortest and longest")]

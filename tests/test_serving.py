@@ -110,9 +110,25 @@ def test_trace_and_named_mixes(tmp_path):
     assert named_mix("uniform", [10, 20], 5, 3) == named_mix("uniform", [10, 20], 5, 3)
     with pytest.raises(ConfigError, match="names no lengths"):
         named_mix("uniform", None, 5, 3)
-    with pytest.raises(ConfigError, match="LongBench"):
-        named_mix("longbench", [2048], 5, 3)
     json.dumps([s.__dict__ for s in mix])  # rows can carry them
+
+
+def test_longbench_mix_draws_the_published_task_lengths():
+    """Each request is one task's published average (words x tokens per word), tasks drawn in
+    proportion to their samples; --lengths keeps the tasks inside it, or says none is left."""
+    from questprof.serving.mixes import LONGBENCH, TOKENS_PER_WORD, longbench_tokens
+    assert longbench_tokens()["NarrativeQA"] == round(18409 * TOKENS_PER_WORD)
+    mix = named_mix("longbench", None, 4000, 8, seed=2)
+    lengths = np.array([s.prompt for s in mix])
+    assert set(lengths) <= set(longbench_tokens().values())
+    code = {longbench_tokens()[t] for t in ("LCC", "RepoBench-P")}
+    share = np.isin(lengths, list(code)).mean()
+    samples = sum(n for _, n in LONGBENCH.values())
+    assert abs(share - 1000 / samples) < 0.03  # 1,000 of the samples are the two code tasks
+    inside = named_mix("longbench", [8192, 16384], 50, 8)
+    assert all(8192 <= s.prompt <= 16384 for s in inside)
+    with pytest.raises(ConfigError, match="no task"):
+        named_mix("longbench", [100, 200], 5, 3)
 
 
 def test_hybrid_takes_its_crossover_from_hbm_per_head_rows_only(tmp_path):

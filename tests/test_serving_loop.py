@@ -199,6 +199,7 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
 @pytest.mark.parametrize("flags,said", [
     (["--trace", "BAD"], "line 2"),
     (["--mix", "uniform"], "names no lengths"),
+    (["--mix", "longbench", "--lengths", "100..200"], "no task's average length"),
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),

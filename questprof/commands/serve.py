@@ -70,7 +70,7 @@ def mix_specs(args: ServeArgs):
     if args.trace is not None:
         return read_trace(args.trace)
     if args.mix is None:
-        raise ConfigError("no requests: give --trace FILE or --mix uniform|log-uniform")
+        raise ConfigError("no requests: give --trace FILE or --mix uniform|log-uniform|longbench")
     lengths = parse_sizes(args.lengths) if args.lengths else None
     return named_mix(args.mix, lengths, args.requests, args.output, args.seed)
 

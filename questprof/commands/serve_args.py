@@ -13,7 +13,7 @@ class ServeArgs:
 
     model: str = "random:smollm2-135m"  # what fidelity loads, or a config.json (random weights)
     trace: Path | None = None  # JSONL of {"prompt", "output", "arrival"}; else --mix
-    mix: str | None = None  # uniform or log-uniform (serving.mixes.MIXES)
+    mix: str | None = None  # uniform, log-uniform or longbench (serving.mixes.MIXES)
     lengths: str | None = None  # range syntax: the mix's shortest and longest prompt
     requests: int = 8  # requests of a named mix
     output: int = 16  # tokens each request of a named mix generates

@@ -4,6 +4,13 @@ A trace is JSONL, one request a line: {"prompt": tokens, "output": tokens, "arri
 after the start (optional, default 0)}. A named mix draws `count` prompt lengths between the
 shortest and the longest of `lengths`, each mix naming where its distribution comes from; every
 request of a named mix arrives at 0 and generates `output` tokens.
+
+`longbench` draws LongBench's English and code tasks (Bai et al., ACL 2024) in proportion to
+their test samples, each request as long as its task's published average: LongBench's task.md
+(github.com/THUDM/LongBench, LongBench/task.md) gives the average length in words (Python's
+split). Words become tokens at TOKENS_PER_WORD, measured with SmolLM2's tokenizer on English
+prose (GPL-3's text: 5,644 words, 7,658 tokens; Apache-2.0's: 1.41). The averages are all it
+publishes, so each task is one length; its Chinese tasks (lengths in characters) are left out.
 """
 
 from __future__ import annotations
@@ -23,8 +30,17 @@ MIXES = {
                    "doubling of length equally likely: long-context traffic in which short "
                    "requests outnumber long ones)",
 }
-NOT_YET = {"longbench": "the LongBench mix needs its per-task length table, not in questprof "
-                        "yet: give its lengths as a --trace"}
+MIXES["longbench"] = ("LongBench's English and code tasks in proportion to their test samples, "
+                      "each at its published average length (THUDM/LongBench task.md), words x "
+                      "1.36 tokens; --lengths, when given, keeps the tasks inside it")
+# task: (average length in words, test samples), LongBench/task.md of THUDM/LongBench
+LONGBENCH = {"HotpotQA": (9151, 200), "2WikiMultihopQA": (4887, 200), "MuSiQue": (11214, 200),
+             "MultiFieldQA-en": (4559, 150), "NarrativeQA": (18409, 200), "Qasper": (3619, 200),
+             "GovReport": (8734, 200), "QMSum": (10614, 200), "MultiNews": (2113, 200),
+             "TriviaQA": (8209, 200), "SAMSum": (6258, 200), "TREC": (5177, 200),
+             "PassageRetrieval-en": (9289, 200), "PassageCount": (11141, 200),
+             "LCC": (1235, 500), "RepoBench-P": (4206, 500)}
+TOKENS_PER_WORD = 1.36  # SmolLM2's tokenizer on GPL-3's English text (module docstring)
 
 
 @dataclass(frozen=True)
@@ -67,10 +83,10 @@ def read_trace(path) -> list[Spec]:
 def named_mix(name: str, lengths: list[int] | None, count: int, output: int,
               seed: int = 0) -> list[Spec]:
     """`count` requests of mix `name` over lengths' range; ConfigError when unusable."""
-    if name in NOT_YET:
-        raise ConfigError(f"mix {name}: {NOT_YET[name]}")
     if name not in MIXES:
         raise ConfigError(f"unknown mix {name!r}: expected one of {', '.join(MIXES)}")
+    if name == "longbench":
+        return longbench_mix(lengths, count, output, seed)
     if not lengths:
         raise ConfigError(f"mix {name} names no lengths: give --lengths, e.g. 8k..128k")
     lo, hi = min(lengths), max(lengths)
@@ -80,3 +96,25 @@ def named_mix(name: str, lengths: list[int] | None, count: int, output: int,
     else:
         drawn = np.exp(rng.uniform(np.log(lo), np.log(hi), size=count))
     return [Spec(int(np.rint(n)), output) for n in drawn]
+
+
+def longbench_tokens() -> dict[str, int]:
+    """Each LongBench task's average prompt in tokens (words x TOKENS_PER_WORD)."""
+    return {task: int(round(words * TOKENS_PER_WORD)) for task, (words, _) in LONGBENCH.items()}
+
+
+def longbench_mix(lengths: list[int] | None, count: int, output: int, seed: int = 0) -> list[Spec]:
+    """`count` requests of the longbench mix (module docstring), the tasks outside lengths'
+    range left out when lengths are given; ConfigError when none is left."""
+    tokens = longbench_tokens()
+    if lengths:
+        lo, hi = min(lengths), max(lengths)
+        tokens = {t: n for t, n in tokens.items() if lo <= n <= hi}
+        if not tokens:
+            raise ConfigError(f"mix longbench: no task's average length lies in {lo}..{hi} tokens "
+                              f"(they span {min(longbench_tokens().values())}.."
+                              f"{max(longbench_tokens().values())})")
+    tasks = sorted(tokens)
+    weights = np.array([LONGBENCH[t][1] for t in tasks], dtype=float)
+    drawn = np.random.default_rng(seed).choice(len(tasks), size=count, p=weights / weights.sum())
+    return [Spec(tokens[tasks[i]], output) for i in drawn]
