@@ -29,7 +29,7 @@ def _items(dtype, device, lengths=(1, SIZE - 1, SIZE, SIZE + 1, 5 * SIZE + 3)):
     return items
 
 
-def _check(backend, dtype, device, tol):
+def _check(backend, dtype, device, tol, same_reads=True):
     items = _items(dtype, device)
     scaling = D ** -0.5
     host = HostDecode().decode(items, 2, SIZE, scaling)
@@ -37,7 +37,15 @@ def _check(backend, dtype, device, tol):
     for (want, _), (got, read) in zip(host, staged):
         want, got = want.float().cpu(), got.float().cpu()
         assert torch.linalg.norm(got - want) <= tol * torch.linalg.norm(want)
-    assert [r for _, r in staged] == [1.0, 1.0, 1.0, 2.0, 2.0]  # min(K, P) sparse, P dense
+    # pages read as the host engine counts them: the union of a KV head's q heads' pages
+    # (sparse: P 1, 1, 6 at K 2), every page (dense: P 1, 2); 16-bit summaries round the boxes
+    # (the host's are float32), so a near tie may pick another page: only the bounds hold there
+    reads = [r for _, r in staged]
+    assert reads[1::2] == [1.0, 2.0]
+    if same_reads:
+        assert reads == [r for _, r in host]
+    group = Q_HEADS // KV_HEADS
+    assert all(min(2, p) <= r <= min(p, 2 * group) for r, p in zip(reads[::2], (1, 1, 6)))
 
 
 def test_stages_decode_on_the_reference_is_the_host_decode():
@@ -48,4 +56,4 @@ def test_stages_decode_on_the_reference_is_the_host_decode():
 @pytest.mark.gpu
 def test_stages_decode_on_the_kernels_is_the_host_decode():
     from questprof.backends import get_backend
-    _check(get_backend("cupy"), torch.float16, "cuda", 1e-3)
+    _check(get_backend("cupy"), torch.float16, "cuda", 1e-3, same_reads=False)

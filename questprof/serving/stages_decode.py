@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from questprof.core.layout import PagedKV, to_storage
-from questprof.serving.paged_attention import Decode
+from questprof.serving.paged_attention import Decode, union_pages
 
 TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 
@@ -79,12 +79,31 @@ class StagesDecode:
         kv = self.backend.put(head_major(items, page_size, dtype))
         q = np.stack([i.q.float().cpu().numpy() for i in items])
         q = self.backend.asarray(to_storage(q, dtype))
-        out, _ = (self.backend.quest(q, kv, k_pages) if sparse
-                  else self.backend.attention(q, kv))
+        out, reads = self._sparse(q, kv, k_pages) if sparse else self._dense(q, kv)
         host = self.backend.to_host(out)
         values = host.astype(np.float32) if dtype != "bf16" else \
             (host.astype(np.uint32) << 16).view(np.float32)
+        return [(torch.as_tensor(values[j], dtype=q0.dtype, device=q0.device), read)
+                for j, read in enumerate(reads)]
+
+    def _dense(self, q, kv: PagedKV):
+        """(out, pages read per request): every page."""
+        out, _ = self.backend.attention(q, kv)
         pages = np.diff(kv.kv_indptr if isinstance(kv.kv_indptr, np.ndarray)
                         else self.backend.to_host(kv.kv_indptr))
-        return [(torch.as_tensor(values[j], dtype=q0.dtype, device=q0.device),
-                 float(min(k_pages, p) if sparse else p)) for j, p in enumerate(pages)]
+        return out, [float(p) for p in pages]
+
+    def _sparse(self, q, kv: PagedKV, k_pages: int):
+        """(out, pages read per request): the stages one by one (backend.quest composes the
+        same three), so each request's read is the mean over KV heads of the union of its q
+        heads' pages, as HostDecode counts it (not K: per-head q heads choose apart)."""
+        scores = self.backend.estimate(q, kv, "per-head")
+        sel, count = self.backend.topk(scores, kv, k_pages)
+        out, _ = self.backend.attention(q, kv, sel, count)
+        chosen = np.asarray(self.backend.to_host(sel))  # [Hq, B, K], -1 past a short request
+        return out, [union_pages(_kept(chosen[:, j]), kv.kv_heads) for j in range(kv.batch)]
+
+
+def _kept(sel: np.ndarray) -> np.ndarray:
+    """A request's selection [Hq, K] without its -1 padding: [Hq, min(K, P)]."""
+    return np.stack([row[row >= 0] for row in sel])
