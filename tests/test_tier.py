@@ -125,8 +125,9 @@ def test_a_cpu_sweep_over_the_host_tier_says_so_and_rows_carry_link_bytes(tmp_pa
                  rows["dense"]["mode"], kv_tier="host", summary_tier="host")
     want = tier.tier_bytes(cfg)
     assert rows["dense"]["link_bytes"] == want["dense"].link
-    # per-head: the rows count the measured union of the group's pages, the model its bound
-    assert 0 < rows["quest"]["link_bytes"] <= tier.quest_tier_bytes(cfg).link
+    # per-head, read in place: each q head's own pages cross the link (no union: H200, 2026-12-02)
+    assert rows["quest"]["link_bytes"] == tier.quest_tier_bytes(cfg, fetch="zero-copy").link
+    assert 0 < tier.quest_tier_bytes(cfg).link < rows["quest"]["link_bytes"]  # gather: the union
     from questprof.report import tier as tier_report
 
     df, meta = results.load(out)
