@@ -44,13 +44,15 @@ NO_REUSE = 1.0  # the miss rate where nothing is measured: random pools have no 
 
 @dataclass(frozen=True)
 class TierBytes:
-    """Bytes of one stage per layer (whole batch): `hbm` read + written in HBM, `link` over the
-    host link (host to GPU reads and GPU to host writes), `link_write` the writes among them."""
+    """Bytes of one stage per layer (whole batch): `hbm` read + written in HBM (`hbm_read` of
+    them read: what a DRAM read counter sees), `link` over the host link (host to GPU reads and
+    GPU to host writes), `link_write` the writes among them."""
 
     stage: str
     hbm: float
     link: float
     link_write: float = 0.0
+    hbm_read: float | None = None
 
     @property
     def link_read(self) -> float:
@@ -75,12 +77,14 @@ def check_miss_rate(miss_rate: float) -> float:
     return float(miss_rate)
 
 
-def _split(work: model.StageWork, on_link: float, extra_hbm: float = 0.0,
+def _split(work: model.StageWork, on_link: float, extra_read: float = 0.0,
            written: float = 0.0, replaces: float | None = None) -> TierBytes:
     """A stage whose `on_link` bytes cross the link (`written` of them GPU to host) in place of
-    `replaces` of its HBM bytes (on_link unless said); the rest stay in HBM."""
+    `replaces` of its HBM bytes (on_link unless said); the rest stay in HBM, where a staging
+    copy adds `extra_read` bytes written and as many read again."""
     replaced = on_link if replaces is None else replaces
-    return TierBytes(work.stage, work.total_bytes - replaced + extra_hbm, on_link, written)
+    return TierBytes(work.stage, work.total_bytes - replaced + 2 * extra_read, on_link, written,
+                     work.total_read - (replaced - written) + extra_read)
 
 
 def _attention_link(cfg, work: model.StageWork, miss: float, fetch: str) -> TierBytes:
@@ -90,7 +94,7 @@ def _attention_link(cfg, work: model.StageWork, miss: float, fetch: str) -> Tier
     in place of the union it reads in HBM."""
     missed = work.read * miss
     if fetch == "gather":
-        return _split(work, missed, 2 * missed)
+        return _split(work, missed, extra_read=missed)
     if cfg.mode == "per-head" and cfg.model.group > 1:
         return _split(work, model.per_head_kv_read(cfg) * miss, replaces=missed)
     return _split(work, missed)
@@ -104,7 +108,8 @@ def tier_bytes(cfg, miss_rate: float = NO_REUSE, fetch: str = "gather",
     miss = check_miss_rate(miss_rate) if getattr(cfg, "hbm_pages", 0) else NO_REUSE
     work = model.stage_work(cfg, union_pages)
     if kv_tier(cfg) == "hbm":
-        return {s: TierBytes(s, w.total_bytes, 0.0) for s, w in work.items()}
+        return {s: TierBytes(s, w.total_bytes, 0.0, hbm_read=w.total_read)
+                for s, w in work.items()}
     host_summaries = summary_tier(cfg) == "host"
     m, b = cfg.model, cfg.batch
     key = b * m.kv_heads * model.vector_bytes(m)
@@ -125,7 +130,7 @@ def quest_tier_bytes(cfg, miss_rate: float = NO_REUSE, fetch: str = "gather",
     parts = tier_bytes(cfg, miss_rate, fetch, union_pages)
     steps = [parts[s] for s in ("estimate", "topk", "attention")]
     return TierBytes("quest", sum(p.hbm for p in steps), sum(p.link for p in steps),
-                     sum(p.link_write for p in steps))
+                     sum(p.link_write for p in steps), sum(p.hbm_read for p in steps))
 
 
 def link_rho(cfg, miss_rate: float = NO_REUSE, union_pages: float | None = None,

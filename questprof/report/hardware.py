@@ -83,8 +83,8 @@ def has_measured_bytes(df: pd.DataFrame) -> bool:
 
 
 def byte_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Kernel rows with measured reads: modelled read (formula + unmodelled, less the host
-    tier's link reads: results.dram_read), ratio measured / modelled, `off` (the ratio outside
+    """Kernel rows with measured reads: modelled read (formula + unmodelled; over the host tier
+    its HBM reads: results.dram_read), ratio measured / modelled, `off` (the ratio outside
     1 +- TOLERANCE) and `peer` (impl is not ours: shown, not judged). Rows whose modelled read
     is 0 are left out."""
     ok = measured(df)
@@ -93,8 +93,9 @@ def byte_rows(df: pd.DataFrame) -> pd.DataFrame:
     rows = ok[ok["stage"].isin(KERNELS) & ok["measured_read_bytes"].notna()].copy()
     rows["modelled_read"] = rows["read_bytes"].astype(float) + rows["unmodelled_bytes"].astype(
         float).fillna(0)
-    if "link_read_bytes" in rows:  # the host tier's pages cross the link, never DRAM
-        rows["modelled_read"] -= pd.to_numeric(rows["link_read_bytes"], errors="coerce").fillna(0)
+    if "tier_hbm_read_bytes" in rows:  # the host tier's pages cross the link, never DRAM
+        hbm = pd.to_numeric(rows["tier_hbm_read_bytes"], errors="coerce")
+        rows["modelled_read"] = hbm.where(hbm.notna(), rows["modelled_read"])
     rows = rows[rows["modelled_read"] > 0]
     rows["ratio"] = rows["measured_read_bytes"].astype(float) / rows["modelled_read"]
     rows["peer"] = ~_ours(rows)
