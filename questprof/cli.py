@@ -290,7 +290,8 @@ def bytes_check(
                                                     "(rows in the sweep's schema) here")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the table here")] = None,
 ) -> None:
-    """DRAM bytes each stage really reads (CUPTI, ncu, NVML) against the formula, stage by stage.
+    """DRAM bytes each stage really reads (CUPTI, ncu, NVML) against the formula, stage by stage;
+    over --kv-tier host also its link bytes (CUPTI, calibrated on a zero-copy read).
 
     Exit 0 when every judged stage is within tolerance, 1 when one is not, 3 when no
     measurement source is available here (no GPU, no CUPTI).

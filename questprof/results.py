@@ -23,6 +23,8 @@ ROWS = "rows.jsonl"
 PARQUET = "results.parquet"
 META = "meta.json"
 
+# Link bytes counted over the host tier (commands/link_bytes.py), or why not (link_reason)
+LINK_MEASURED = ("measured_link_bytes", "calibrated_link_bytes", "link_factor", "link_reason")
 COLUMNS = (
     "scenario", "model", "layers", "q_heads", "kv_heads", "head_dim", "dtype", "length", "batch",
     "page_size", "budget", "k_pages", "pages", "mode", "seed", "config_key", "stage", "impl",
@@ -31,6 +33,7 @@ COLUMNS = (
     "measured_write_bytes", "bytes_source", "bytes_ratio", "rho_formula", "rho_model",
     "sm_clock_mhz", "mem_clock_mhz", "throttled", "sim_layers", "status", "reason", "note",
     "kv_tier", "summary_tier", "hbm_pages", "link_bytes", "tier_hbm_bytes", "miss_rate",
+    "link_read_bytes", "tier_hbm_read_bytes", *LINK_MEASURED,
 )
 TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
                  "mem_clock_mhz", "throttled")
@@ -64,33 +67,49 @@ def make_row(cfg, stage: str, *, scenario: str, backend: str, impl: str = OURS,
            "write_bytes": getattr(work, "write", None), "flops": getattr(work, "flops", None),
            "bandwidth_gbs": read / (median * 1e-3) / 1e9 if read and median else None,
            "measured_read_bytes": None, "measured_write_bytes": None, "bytes_source": None,
-           "bytes_ratio": None,
+           "bytes_ratio": None, **dict.fromkeys(LINK_MEASURED),
            "rho_formula": model.rho(cfg.page_size, cfg.k_pages, cfg.pages,
                                     model.summary_ratio(cfg.model)),
            "rho_model": model.quest_rho(cfg, union), "sim_layers": layers,
            "status": status, "reason": reason, "note": timing.get("note")}
     row.update(tier_fields(cfg, stage, union))
     row.update(extra)
-    if row["measured_read_bytes"] is not None and read:
-        row["bytes_ratio"] = row["measured_read_bytes"] / read
+    dram = dram_read(row)
+    if row["measured_read_bytes"] is not None and dram:
+        row["bytes_ratio"] = row["measured_read_bytes"] / dram
     return row
+
+
+def dram_read(row: dict) -> float | None:
+    """The modelled DRAM read of a row: formula + unmodelled bytes, or over the host tier the
+    tier model's HBM reads (tier_hbm_read_bytes: the pages read over the link never reach
+    DRAM); None without work."""
+    if row.get("read_bytes") is None:
+        return None
+    if row.get("tier_hbm_read_bytes") is not None:
+        return row["tier_hbm_read_bytes"]
+    return row["read_bytes"] + (row.get("unmodelled_bytes") or 0.0)
 
 
 def tier_fields(cfg, stage: str, union: float | None = None,
                 miss_rate: float = tier.NO_REUSE) -> dict:
-    """link_bytes and tier_hbm_bytes of a stage row over a host tier (core/tier.py), at
-    `miss_rate`: the pools a run times are random, and random pages have no step-to-step
-    reuse, so a timed row's chosen pages all miss (`questprof reuse` measures real reuse).
-    None over HBM, and for stages the byte model does not hold."""
+    """link_bytes (link_read_bytes of them read by the GPU) and tier_hbm_bytes
+    (tier_hbm_read_bytes of them read) of a stage row
+    over a host tier (core/tier.py), at `miss_rate`: the pools a run times are random, and
+    random pages have no step-to-step reuse, so a timed row's chosen pages all miss
+    (`questprof reuse` measures real reuse). None over HBM, and for stages the byte model
+    does not hold."""
     if tier.kv_tier(cfg) == "hbm" or stage not in ROW_STAGES:
-        return {"link_bytes": None, "tier_hbm_bytes": None, "miss_rate": None}
+        return {"link_bytes": None, "tier_hbm_bytes": None, "miss_rate": None,
+                "link_read_bytes": None, "tier_hbm_read_bytes": None}
     # sweep and bench read the host tier's pages in place (workload/pools.py): zero-copy, no
     # staging copy in HBM (the gather path runs in tools/host_tier_check.py only)
     parts = (tier.quest_tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)
              if stage == "quest" else
              tier.tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)[stage])
     return {"link_bytes": parts.link, "tier_hbm_bytes": parts.hbm,
-            "miss_rate": miss_rate if cfg.hbm_pages else None}
+            "miss_rate": miss_rate if cfg.hbm_pages else None, "link_read_bytes": parts.link_read,
+            "tier_hbm_read_bytes": parts.hbm_read}
 
 
 def now() -> str:

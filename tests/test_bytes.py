@@ -235,7 +235,7 @@ def test_a_failing_source_is_one_line_and_the_others_still_run(monkeypatch):
     monkeypatch.setattr(bytes_cmd, "Flush", lambda: None)
     monkeypatch.setattr("questprof.measure.cupti.release", lambda: None)
 
-    def measure(src, configs, backend, flush, naive, protocol, log):
+    def measure(src, configs, backend, flush, naive, protocol, log, link_run=None):
         if src == "cupti":
             raise RuntimeError("CUPTI configure: ERROR_INVALID_PARAMETER")
         return [raw("dense", source=src)], []

@@ -125,8 +125,9 @@ def test_a_cpu_sweep_over_the_host_tier_says_so_and_rows_carry_link_bytes(tmp_pa
                  rows["dense"]["mode"], kv_tier="host", summary_tier="host")
     want = tier.tier_bytes(cfg)
     assert rows["dense"]["link_bytes"] == want["dense"].link
-    # per-head: the rows count the measured union of the group's pages, the model its bound
-    assert 0 < rows["quest"]["link_bytes"] <= tier.quest_tier_bytes(cfg).link
+    # per-head, read in place: each q head's own pages cross the link (no union: H200, 2026-12-02)
+    assert rows["quest"]["link_bytes"] == tier.quest_tier_bytes(cfg, fetch="zero-copy").link
+    assert 0 < tier.quest_tier_bytes(cfg).link < rows["quest"]["link_bytes"]  # gather: the union
     from questprof.report import tier as tier_report
 
     df, meta = results.load(out)
@@ -174,13 +175,21 @@ def test_the_tier_table_pairs_dense_and_quest_of_one_model_only():
     assert dict(zip(got["model"], got["dense_over_quest"])) == {"a": 2.0, "b": 6.0}
 
 
-def test_the_byte_check_over_the_host_tier_is_one_line():
-    """bytes judges DRAM counters; over the host tier the pages cross the link: refused."""
+def test_the_byte_check_over_the_host_tier_runs_and_says_why_no_link_is_counted():
+    """bytes --kv-tier host was refused in one line (DRAM counters cannot judge link bytes); it
+    now counts them through CUPTI on a GPU. Here, without one: exit 3 (no source on this
+    machine), one line that says why neither DRAM nor link bytes are measured."""
     from typer.testing import CliRunner
 
+    from questprof.backends import gpu_unavailable_reason
     from questprof.cli import app
 
+    if gpu_unavailable_reason() is None:
+        pytest.skip("this machine has a GPU: the CUPTI path runs (tests/test_link_gpu.py)")
     got = CliRunner().invoke(app, ["bytes", "--check-formula", "--scenario", "smoke",
                                    "--lengths", "2k", "--budget", "256", "--kv-tier", "host"])
-    assert got.exit_code == 2 and "--kv-tier host: the byte check judges DRAM" in got.stderr
-    assert "Traceback" not in got.output
+    assert got.exit_code == 3, got.output
+    assert "Traceback" not in got.output and "judges DRAM" not in got.stderr
+    (line,) = [x for x in got.stderr.strip().splitlines() if not x.startswith("rho =")]
+    assert "no DRAM byte source is available" in line
+    assert "link bytes not measured: no GPU here" in line

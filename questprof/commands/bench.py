@@ -7,7 +7,9 @@ dense, a naive torch Quest and FlashInfer's dense, top-K, sparse attention and Q
 shape) beside them, each row with its bytes, bandwidth, ratio to the read ceiling, and
 (streaming stages) the time of a plain cold read of its own bytes (`same_read_ms`,
 measure.ceilings.read_ladder, taken first): the ceiling at the stage's size. Speedups are against
-the fastest dense of the case, ours, torch SDPA or FlashInfer (`dense_impl` names it).
+the fastest dense of the case, ours, torch SDPA or FlashInfer (`dense_impl` names it). Over the
+host tier our stages' rows carry their link bytes where CUPTI counts them (commands/link_bytes.py:
+raw, calibrated on a zero-copy read in the same run, and the factor), else why not.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 import tomllib
 
 from questprof import SCENARIOS_DIR, console
-from questprof.backends import get_backend
+from questprof.backends import get_backend, gpu_unavailable_reason
+from questprof.commands import link_bytes
 from questprof.commands.bench_args import BenchArgs
 from questprof.commands.bench_selectors import selector_rows, selectors_of
 from questprof.core import model, tier
@@ -94,8 +97,9 @@ def _row(cfg, stage, impl, timing, work, ceiling, layers, backend) -> dict:
 
 
 def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, graph: bool = True,
-             with_peers: bool = True, read_ms=None, selectors=()) -> list[dict]:
-    """All rows of one case: ours per stage and the pipeline, the `selectors`' kernel forms
+             with_peers: bool = True, read_ms=None, selectors=(), link=None) -> list[dict]:
+    """All rows of one case: ours per stage and the pipeline (over the host tier with their link
+    bytes, `link` being the run's commands/link_bytes.LinkRun), the `selectors`' kernel forms
     (commands/bench_selectors.py), then the peers."""
     layers = _layers(cfg, backend)
     work = Workload(cfg, backend, layers)
@@ -104,6 +108,9 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
+    for r in rows:  # after every timing: a link window may configure CUPTI again
+        pass_ms = r["median_ms"] * layers if r.get("median_ms") else None
+        r.update(link_bytes.fields(link, cfg, work.launcher(r["stage"]), layers, pass_ms))
     if selectors and not cfg.is_dense_budget:
         rows += selector_rows(cfg, selectors, work, time, lambda s, impl, t, w, **extra: {
             **_row(cfg, s, impl, t, w, ceiling, layers, backend), **extra})
@@ -230,10 +237,11 @@ def _met(value: float, target: str) -> bool:
 
 def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
               with_peers: bool = True, log=print, on_case=None,
-              selectors=None) -> tuple[list[dict], dict]:
+              selectors=None, link=None) -> tuple[list[dict], dict]:
     """(rows of every case, ceilings). Needs the CuPy backend (a CUDA GPU); peers need torch.
     on_case(ceilings, rows) gets each case's rows as soon as they are measured (to disk);
-    selectors: config key -> the selectors of that case (bench_selectors.selectors_of)."""
+    selectors: config key -> the selectors of that case (bench_selectors.selectors_of); link:
+    the run's link counting over the host tier (commands/link_bytes.LinkRun) or None."""
     backend = get_backend("cupy")
     ceilings = measure_ceilings(backend)
     ladder = read_ladder(backend, l2_bytes(), repeats=repeats)  # before any pool comes and goes
@@ -248,7 +256,7 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
             f"budget={cfg.budget} {cfg.mode}")
         try:
             case = run_case(backend, cfg, ceilings["read_gbs"], repeats, graph, with_peers,
-                            read_ms, (selectors or {}).get(cfg.key(), ()))
+                            read_ms, (selectors or {}).get(cfg.key(), ()), link)
         except (MemoryError, RuntimeError) as exc:  # a case that does not fit (CuPy's OOM is a
             # MemoryError, torch's and CUDA's a RuntimeError) is skipped rows, not a lost run
             if not is_out_of_memory(exc):
@@ -263,10 +271,11 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
     return rows, ceilings
 
 
-def _meta(command: str, ceilings: dict, goal_list: list[dict]) -> dict:
+def _meta(command: str, ceilings: dict, goal_list: list[dict], link=None) -> dict:
     return {"scenario": "bench", "command": command, "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": "cupy",
-            "ceilings": ceilings, "goals": goal_list}
+            "ceilings": ceilings, "goals": goal_list,
+            "link_bytes": link.as_meta() if link is not None else None}
 
 
 def _print(rows: list[dict], goal_list: list[dict]) -> None:
@@ -300,6 +309,9 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
     cases, goal_list = load_bench(cases_file, args.quick)
     cases = [with_tiers(cfg, args) for cfg in cases]  # one line for tiers that make no sense
     named = selectors_of(cases_file)  # one line for a name without a kernel form
+    # the link counter's calibration, before the CuPy backend starts: CUPTI's collector wants
+    # torch's CUDA context (measure/cupti.py); None without a host-tier case
+    link = link_bytes.prepare(cases, None if gpu_unavailable_reason() is None else "no GPU")
     backend = get_backend("cupy")  # one clear line and exit 2 without a GPU
     for cfg in cases:  # a cache dtype the kernels do not run yet: one line before any work
         check_cache(cfg.model, backend)
@@ -311,7 +323,7 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
         nonlocal writer
         if writer is None:
             writer = ResultsWriter(target, _meta(" ".join(["questprof", *argv]), ceilings,
-                                                 goal_list))
+                                                 goal_list, link))
         for row in rows:
             writer.append(row)
     if not cases:
@@ -319,7 +331,7 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
         raise ConfigError(f"{cases_file}: no case to run{quick}")
     try:
         rows, _ = run_bench(cases, args.repeats, args.graph, peers, on_case=on_case,
-                            selectors=named)
+                            selectors=named, link=link)
     except BaseException:  # Ctrl-C or a failure: the finished cases stay on disk
         if writer is not None:
             writer.close(finished=False)

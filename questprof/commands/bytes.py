@@ -6,6 +6,13 @@ process under Nsight Compute) or NVML GPM (whole device, calibrated), and compar
 modelled bytes; then measured rho (quest read over dense read) against 1/S + K/P. A naive torch
 peer (gather the chosen pages, then SDPA) is measured too: its excess is named. Protocols
 (rotate, flush) are measure.dram's. Rows are results rows; verdicts are bytes_verdict's.
+
+Over the host tier (--kv-tier host) the pages a stage reads from host memory never reach DRAM:
+DRAM reads are judged against the rest (results.dram_read), and the CUPTI source also counts
+each stage's link bytes (pcie__read_bytes.sum, calibrated on a zero-copy read of known size in
+the same run: commands/link_bytes.py, measure/link.py), judged against core/tier.py's link
+reads; link rho (Quest's link bytes over dense's) replaces the DRAM rho there. Where no link is
+counted (a CPU, no CUPTI, another source) the rows say why in `link_reason`.
 """
 
 from __future__ import annotations
@@ -15,20 +22,21 @@ from dataclasses import asdict
 
 from questprof import console
 from questprof.backends import get_backend, gpu_unavailable_reason
+from questprof.commands import link_bytes
 from questprof.commands.bytes_args import BytesArgs
 from questprof.commands.bytes_verdict import (CheckResult, EXIT_NO_SOURCE, MIN_JUDGED_BYTES,
                                               TOLERANCE, conclude, label, table, verdict)
-from questprof.core import model
+from questprof.core import model, tier
 from questprof.core.config import ConfigError
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.scenarios import configs_from_args
 from questprof.core.stages import ROW_STAGES
-from questprof.measure import ceilings, cupti, dram, ncu, nvml
+from questprof.measure import ceilings, cupti, dram, link, ncu, nvml
 from questprof.measure.ceilings import Flush
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
 from questprof.results import OURS, ResultsWriter, make_row, now
 from questprof.workload.peers import gathered_bytes
-from questprof.workload.pools import Workload, check_cache, l2_bytes
+from questprof.workload.pools import Workload, check_cache, host_free_bytes, l2_bytes
 
 STAGES = ROW_STAGES
 NAIVE = "torch-gather"
@@ -121,7 +129,10 @@ def _workload(cfg, backend, source: str, protocol: str):
     import cupy
 
     rotate = source == "cupti" and protocol == "rotate"
-    layers = rotation_layers(cfg, cupy.cuda.runtime.memGetInfo()[0]) if rotate else 2
+    free = cupy.cuda.runtime.memGetInfo()[0]
+    if tier.kv_tier(cfg) == "host":  # the pools end in pinned host memory: the host's bounds too
+        free = min(free, host_free_bytes() or free)
+    layers = rotation_layers(cfg, free) if rotate else 2
     work = Workload(cfg, backend, layers)
     if rotate and not cfg.is_dense_budget:
         scores = work.work("topk").read
@@ -144,23 +155,27 @@ def _measured(work, source: str, keys, flush, gpm, protocol: str) -> dict:
 
 
 def measure_config(cfg, backend, source: str, flush, gpm=None, naive=True,
-                   protocol: str = "rotate") -> tuple[list[dict], list[dict]]:
-    """Rows and rho rows of every stage of `cfg` through one source (gpm: GPM's calibration)."""
+                   protocol: str = "rotate", link_run=None) -> tuple[list[dict], list[dict]]:
+    """Rows and rho rows of every stage of `cfg` through one source (gpm: GPM's calibration;
+    link_run: the run's link counting, commands/link_bytes.LinkRun, for the host tier)."""
     work = _workload(cfg, backend, source, protocol)
     # the naive torch peer gathers 16-bit pages: over an FP8 cache it has nothing to compare (on
     # an H200, 2026-12-01, it failed the whole CUPTI source of an FP8 Llama-3.1-8B check)
-    naive = naive and not cfg.model.is_fp8
+    naive = naive and not cfg.model.is_fp8 and tier.kv_tier(cfg) == "hbm"
     keys = [(s, OURS) for s in STAGES] + ([("attention", NAIVE)] if naive else [])
     got = _measured(work, source, keys, flush, gpm, protocol)
+    links = _links(work, source, keys, link_run)
     rows = [make_row(cfg, s, scenario="bytes", backend=backend.name, impl=i, work=work.work(s),
                      layers=work.calls(s), union=work.union, measured_read_bytes=got[(s, i)][0],
                      measured_write_bytes=got[(s, i)][1], bytes_source=source,
-                     note=gpm_note(got[(s, i)][2]))
+                     note=gpm_note(got[(s, i)][2]), **links.get((s, i), {}))
             for s, i in keys]
     if source == "cupti" and protocol == "rotate":
         _note_short_rotations(rows, work)
     if naive:
         _name_naive(rows[-1], work)
+    if tier.kv_tier(cfg) == "host":  # dense's pages never reach DRAM: rho over the link
+        return rows, _link_rho(rows, cfg, source, work.union)
     if source == "nvml":  # GPM gives read + write together: no read rho
         return rows, []
     read = {s: got[(s, OURS)][0] for s in STAGES}
@@ -172,6 +187,33 @@ def measure_config(cfg, backend, source: str, flush, gpm=None, naive=True,
            "rho_text": model.rho_text(cfg.model),
            "rho_unmodelled": unmodelled / works["dense"].read}
     return rows, [rho]
+
+
+def _links(work, source: str, keys, link_run) -> dict:
+    """{(stage, impl): link fields} of our stages over the host tier: counted in the CUPTI
+    source's pass (after its DRAM windows: a switch of metrics may configure again), else why
+    not. The torch peers have no rows over the host tier."""
+    ours = [k for k in keys if k[1] == OURS]
+    if source != "cupti":
+        why = (link_run.reason if link_run is not None and link_run.reason else
+               f"link bytes are counted through CUPTI; this row's source is {source}")
+        return {k: link_bytes.fields(link_bytes.LinkRun(None, why), work.cfg) for k in ours}
+    return {k: link_bytes.fields(link_run, work.cfg, work.launcher(k[0]), work.calls(k[0]))
+            for k in ours}
+
+
+def _link_rho(rows: list[dict], cfg, source: str, union) -> list[dict]:
+    """The rho row of a host-tier configuration: Quest's calibrated link bytes over dense's
+    against core/tier.py's link rho (K/P, G x K/P per-head, + M_s/M / S for host summaries);
+    [] where nothing was counted."""
+    by = {r["stage"]: r for r in rows if r["impl"] == OURS}
+    quest, dense = (by[s].get("calibrated_link_bytes") for s in ("quest", "dense"))
+    if quest is None or not dense:
+        return []
+    modelled = tier.link_rho(cfg, union_pages=union, fetch="zero-copy")  # read in place
+    return [{"config": label(rows[0]), "source": f"{source}-link", "rho_measured": quest / dense,
+             "rho_formula": modelled, "rho_model": modelled, "rho_text": "link K/P",
+             "rho_unmodelled": 0.0}]
 
 
 def _note_short_rotations(rows: list[dict], work) -> None:
@@ -207,9 +249,12 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
     """
     sources = source_status(source)
     usable = [s for s in SOURCES if sources.get(s, "not asked") is None]
+    # before the CuPy backend starts: CUPTI's collector wants torch's CUDA context (cupti.py)
+    link_run = link_bytes.prepare(configs, _link_why_not(sources))
+    link_meta = link_run.as_meta() if link_run is not None else {}
     if not usable:
         status, lines = verdict([], tolerance, sources)
-        return CheckResult([], [], status, lines, sources)
+        return CheckResult([], [], status, lines + _link_lines(link_run), sources, link_meta)
 
     backend, flush = get_backend("cupy"), Flush()
     for cfg in configs:  # a cache dtype the kernels do not run yet: one line before any work
@@ -219,26 +264,50 @@ def run_check(configs, source: str = "cupti", tolerance: float = TOLERANCE,
         if src != "cupti":
             cupti.release()
         try:
-            more, more_rho = _measure_source(src, configs, backend, flush, naive, protocol, log)
+            more, more_rho = _measure_source(src, configs, backend, flush, naive, protocol, log,
+                                             link_run)
         except Exception as exc:  # one failing source is one line; the others still run
             sources[src] = f"{src} failed: {type(exc).__name__}: {exc}"
             continue
         rows, rho = rows + more, rho + more_rho
     if not rows:
         status, lines = verdict([], tolerance, sources)
-        return CheckResult([], [], status, lines, sources)
+        return CheckResult([], [], status, lines + _link_lines(link_run), sources, link_meta)
     rows, status, lines = conclude(rows, tolerance, sources, usable)
     skipped = [f"{s} unavailable: {why}" for s, why in sources.items() if why]
-    return CheckResult(rows, rho, status, lines + skipped, sources)
+    return CheckResult(rows, rho, status, lines + skipped + _link_lines(link_run), sources,
+                       link_meta)
 
 
-def _measure_source(src, configs, backend, flush, naive, protocol, log):
+def _link_why_not(sources: dict[str, str | None]) -> str | None:
+    """Why no link byte is counted with these sources (None when CUPTI is usable)."""
+    if gpu_unavailable_reason():
+        return "no GPU here, so no host link to count (the tier's link bytes are modelled)"
+    if "cupti" not in sources:
+        return "link bytes are counted through CUPTI PM sampling: --source cupti or all"
+    return sources["cupti"]
+
+
+def _link_lines(link_run) -> list[str]:
+    """One line on the run's link counting over the host tier: the calibration, or why none."""
+    if link_run is None:
+        return []
+    if not link_run.counting:
+        return [f"link bytes not measured: {link_run.reason}"]
+    cal = link_run.calibration
+    return [f"link bytes: {link.METRIC} calibrated on a zero-copy read of "
+            f"{cal.known / 2**20:,.0f} MiB in this run: counted {cal.factor:.4f}x "
+            f"(second read {cal.spread:+.2%}); rows show the raw and the calibrated figure"]
+
+
+def _measure_source(src, configs, backend, flush, naive, protocol, log, link_run=None):
     """Calibration rows and every configuration's rows through one source."""
     rows, rho = [], []
     more, gpm = calibrate([src], flush)
     rows += more
     for cfg in configs:
-        more, more_rho = measure_config(cfg, backend, src, flush, gpm, naive, protocol)
+        more, more_rho = measure_config(cfg, backend, src, flush, gpm, naive, protocol,
+                                        link_run)
         rows, rho = rows + more, rho + more_rho
         if log is not None:  # a long check shows it is alive, one line per configuration
             log(f"{src}: {label(more[0])} measured")
@@ -252,10 +321,6 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     if args.protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol {args.protocol!r}: expected rotate or flush")
     _, configs = configs_from_args(asdict(args))
-    if any(c.kv_tier == "host" for c in configs):
-        raise ConfigError("--kv-tier host: the byte check judges DRAM counters, and over the host "
-                          "tier K and V cross the link, which no counter here measures; check "
-                          "the HBM-resident cache, or time the tier with sweep / bench")
     console.err.print(f"rho = {model.rho_text(configs[0].model)}", highlight=False, markup=False)
     result = run_check(configs, args.source, args.tolerance,
                        log=lambda line: console.err.print(line, highlight=False),
@@ -266,7 +331,8 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
         meta = {"scenario": args.scenario, "command": " ".join(["questprof", *argv]),
                 "started": now(), **git_fields(), "machine": machine_info(),
                 "backend": "cupy", "bytes": {"sources": result.sources, "rho": result.rho,
-                                             "status": result.status, "lines": result.lines}}
+                                             "status": result.status, "lines": result.lines},
+                "link_bytes": result.link or None}
         with ResultsWriter(out_dir, meta) as writer:
             for row in result.rows:
                 writer.append(row)
@@ -274,5 +340,5 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
         console.out.print(table(result), highlight=False)
     else:
         how = "" if result.status != EXIT_NO_SOURCE else f"; on a GPU machine: {console.INSTALL_GPU}"
-        console.err.print(" ".join(result.lines) + how, highlight=False, markup=False)
+        console.err.print("; ".join(result.lines) + how, highlight=False, markup=False)
     return result.status

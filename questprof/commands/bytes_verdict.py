@@ -1,8 +1,10 @@
 """Verdicts of a byte check on results rows: pure functions, tested without a GPU.
 
-judge() fills a row's ratios and `bytes_within`; verdict() turns rows into the command's exit
-status and lines; agreement() holds CUPTI against ncu on the same configuration and stage;
-table() prints them. Rows are results rows (results.make_row) with measured bytes.
+judge() fills a row's ratios and `bytes_within` (and, over the host tier, `link_ratio` and
+`link_within`: calibrated link bytes against the tier model's link reads); verdict() turns rows
+into the command's exit status and lines; agreement() holds CUPTI against ncu on the same
+configuration and stage; table() prints them. Rows are results rows (results.make_row) with
+measured bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from questprof.results import BYTES_TOLERANCE as TOLERANCE
-from questprof.results import MIN_JUDGED_BYTES
+from questprof.results import MIN_JUDGED_BYTES, dram_read
 
 # CUPTI against ncu on one configuration and stage. On an H200 (2026-11-29, the trees of
 # commits 47640e4 and f8af005; reports/example-h200-bytes) the stage rows differed by at most
@@ -34,10 +36,12 @@ class CheckResult:
     status: int
     lines: list[str]
     sources: dict[str, str | None] = field(default_factory=dict)  # source -> why unavailable
+    link: dict = field(default_factory=dict)  # the link counter's calibration, or why none
 
     def to_json(self) -> str:
         return json.dumps({"status": self.status, "message": self.lines, "sources": self.sources,
-                           "rows": self.rows, "rho": self.rho}, indent=1, default=str)
+                           "rows": self.rows, "rho": self.rho, "link": self.link}, indent=1,
+                          default=str)
 
 
 def label(row: dict) -> str:
@@ -50,8 +54,10 @@ def label(row: dict) -> str:
 
 def judge(row: dict, tolerance: float = TOLERANCE) -> dict:
     """Fill bytes_ratio, write_ratio and bytes_within of `row` (total bytes for nvml: GPM
-    cannot split reads from writes). Returns the row."""
-    read = (row.get("read_bytes") or 0) + (row.get("unmodelled_bytes") or 0)
+    cannot split reads from writes; over the host tier the DRAM read leaves out the pages read
+    over the link), and its link verdict (judge_link). Returns the row."""
+    judge_link(row, tolerance)
+    read = dram_read(row) or 0
     if row.get("bytes_source") == "nvml":
         read += row.get("write_bytes") or 0
     ratio = lambda m, x: None if m is None or not x or x <= 0 else m / x  # noqa: E731
@@ -74,6 +80,34 @@ def judge(row: dict, tolerance: float = TOLERANCE) -> dict:
     return row
 
 
+def judge_link(row: dict, tolerance: float = TOLERANCE) -> dict:
+    """Fill link_ratio (calibrated link bytes / the tier model's link reads) and link_within of
+    a host-tier row with counted link bytes; rows under MIN_JUDGED_BYTES of modelled link reads
+    (the summary append's key, top-K, estimate over HBM summaries) are reported, not judged."""
+    calibrated, modelled = row.get("calibrated_link_bytes"), row.get("link_read_bytes")
+    if calibrated is None or modelled is None or row.get("impl") in NOT_JUDGED_IMPLS:
+        return row
+    row["link_ratio"] = calibrated / modelled if modelled > 0 else None
+    row["link_within"] = (abs(row["link_ratio"] - 1) <= tolerance
+                          if modelled >= MIN_JUDGED_BYTES else None)
+    return row
+
+
+def _failed_lines(failed: list[dict], judged: int, tolerance: float, what: str) -> list[str]:
+    """The lines naming every failed row of one kind (DRAM reads or link reads)."""
+    lines = [f"{len(failed)} of {judged} judged {what} outside {tolerance:.0%}:"]
+    for r in failed:
+        if what == "link rows":
+            raw = r["measured_link_bytes"] / r["link_read_bytes"] - 1
+            lines.append(f"  {r['stage']} [{r['bytes_source']} link] {label(r)}: link read "
+                         f"{r['link_ratio'] - 1:+.1%} calibrated (raw {raw:+.1%})")
+            continue
+        w = "" if r.get("write_ratio") is None else f", write {r['write_ratio'] - 1:+.1%}"
+        lines.append(f"  {r['stage']} [{r['bytes_source']}] {label(r)}: "
+                     f"read {r['bytes_ratio'] - 1:+.1%}{w}")
+    return lines
+
+
 def verdict(rows: list[dict], tolerance: float = TOLERANCE,
             sources: dict[str, str | None] | None = None) -> tuple[int, list[str]]:
     """Exit status and its lines: 0 all judged rows within tolerance, 1 some not (named, by
@@ -84,15 +118,17 @@ def verdict(rows: list[dict], tolerance: float = TOLERANCE,
         return EXIT_NO_SOURCE, [f"no DRAM byte source is available ({why or 'none asked'})"]
     failed = [r for r in rows if r.get("bytes_within") is False]
     judged = sum(r.get("bytes_within") is not None for r in rows)
-    if failed:
-        lines = [f"{len(failed)} of {judged} judged stage rows outside {tolerance:.0%}:"]
-        for r in failed:
-            w = "" if r.get("write_ratio") is None else f", write {r['write_ratio'] - 1:+.1%}"
-            lines.append(f"  {r['stage']} [{r['bytes_source']}] {label(r)}: "
-                         f"read {r['bytes_ratio'] - 1:+.1%}{w}")
+    link_failed = [r for r in rows if r.get("link_within") is False]
+    link_judged = sum(r.get("link_within") is not None for r in rows)
+    lines = [] if not failed else _failed_lines(failed, judged, tolerance, "stage rows")
+    if link_failed:
+        lines += _failed_lines(link_failed, link_judged, tolerance, "link rows")
+    if lines:
         return EXIT_FAIL, lines
+    link = (f"; link reads: all {link_judged} judged stage rows within {tolerance:.0%} of the "
+            "tier model (calibrated)" if link_judged else "")
     return EXIT_OK, [f"all {judged} judged stage rows within {tolerance:.0%} "
-                     f"({len(rows) - judged} small or peer rows reported, not judged)"]
+                     f"({len(rows) - judged} small or peer rows reported, not judged){link}"]
 
 
 # How each source counts the Quest step's bytes; its rows are cross-checked only where two
@@ -179,16 +215,37 @@ def table(result: CheckResult) -> str:
            f"{'read':>8} {'model wr':>12} {'meas wr':>12} {'write':>8} ok"]
     for r in result.rows:
         name = r["stage"] if r.get("impl") in (None, "ours") else f"{r['stage']}:{r['impl']}"
-        model_read = (r.get("read_bytes") or 0) + (r.get("unmodelled_bytes") or 0)
+        model_read = dram_read(r) or 0  # over the host tier: less the pages read over the link
         ok = r.get("bytes_within")
         out.append(f"{label(r)[:44]:44} {name:17} {r['bytes_source']:5} {fmt(model_read):>14} "
                    f"{fmt(r.get('measured_read_bytes')):>14} {pct(r.get('bytes_ratio')):>8} "
                    f"{fmt(r.get('write_bytes')):>12} {fmt(r.get('measured_write_bytes')):>12} "
                    f"{pct(r.get('write_ratio')):>8} {'-' if ok is None else 'yes' if ok else 'NO'}"
                    f" {r.get('note') or ''}")
+    out += link_table(result.rows)
     for r in result.rho:
         out.append(f"rho {r['config']} [{r['source']}]: measured {r['rho_measured']:.4f}, "
                    f"{r.get('rho_text', '1/S + K/P')} = {r['rho_formula']:.4f}, "
                    f"model {r['rho_model']:.4f} "
                    f"+ unmodelled {r['rho_unmodelled']:.4f}")
     return "\n".join(out + result.lines)
+
+
+def link_table(rows: list[dict]) -> list[str]:
+    """Lines of the host tier's rows: the tier model's link reads, the counter's raw bytes, the
+    calibrated ones, their ratio and verdict, or why they were not counted ([] without them)."""
+    tier_rows = [r for r in rows if r.get("link_read_bytes") is not None]
+    if not tier_rows:
+        return []
+    fmt = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
+    out = [f"{'link (PCIe reads, per layer)':44} {'stage':17} {'src':5} {'model link':>14} "
+           f"{'raw':>14} {'calibrated':>14} {'link':>8} ok"]
+    for r in tier_rows:
+        ratio, ok = r.get("link_ratio"), r.get("link_within")
+        why = "" if r.get("calibrated_link_bytes") is not None else r.get("link_reason") or ""
+        out.append(f"{label(r)[:44]:44} {r['stage']:17} {r['bytes_source']:5} "
+                   f"{fmt(r['link_read_bytes']):>14} {fmt(r.get('measured_link_bytes')):>14} "
+                   f"{fmt(r.get('calibrated_link_bytes')):>14} "
+                   f"{'-' if ratio is None else f'{ratio - 1:+.2%}':>8} "
+                   f"{'-' if ok is None else 'yes' if ok else 'NO'} {why}".rstrip())
+    return out

@@ -6,7 +6,8 @@ NumPy backend one. Each stage is timed over a pass of all layers (measure.timing
 (estimate -> top-K -> sparse attention) as one pass of its own; on a GPU with torch, torch SDPA
 dense beside ours, and with `--peers` FlashInfer's dense, top-K, sparse attention and Quest step
 (workload.flashinfer; skipped rows with the reason where it cannot run); then, when a byte
-source runs, the DRAM bytes of each of our stages (measure.dram).
+source runs, the DRAM bytes of each of our stages (measure.dram), and over the host tier their
+link bytes too (commands/link_bytes.py: calibrated on a zero-copy read in the same run).
 On a CPU the NumPy backend's float32 path is timed (backends.timing_backend), and the
 configurations that share pools run in a row, so each pool is built once (PoolCache).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from questprof.backends import timing_backend
-from questprof.commands import sweep_table
+from questprof.commands import link_bytes, sweep_table
 from questprof.commands.sweep_meta import resumed_meta, sweep_meta
 from questprof.commands.sweep_table import launcher, pass_layers
 from questprof.core import model, tier
@@ -65,6 +66,7 @@ class RunState:
     bytes_seconds: float = 0.0  # wall time spent measuring bytes (meta.json: its share of a run)
     idle: object = None  # the idle device's DRAM rates (measure.cupti.IdleRate), taken once
     pools: PoolCache | None = None  # CPU: the last pools, for the next configuration
+    link: link_bytes.LinkRun | None = None  # the host tier's link counting (None: no host tier)
 
 
 def row_keys(cfg, peers: bool, flashinfer: bool = False) -> list[tuple[str, str]]:
@@ -146,8 +148,20 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: d
     timing = {**t.summary(), "note": t.note}
     got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
-        got = _bytes(work, stage, state, t.median)
+        got = {**_bytes(work, stage, state, t.median), **_link(work, stage, state, t.median)}
+    elif impl == OURS:  # why the host tier's link is not counted ({} over HBM, or summed)
+        got = {**got, **link_bytes.fields(state.link, work.cfg)}
     return timing, got
+
+
+def _link(work: Workload, stage: str, state: RunState, median_ms: float) -> dict:
+    """The host tier's link fields of one stage (commands/link_bytes.py), timed as bytes."""
+    start = time.perf_counter()
+    try:
+        return link_bytes.fields(state.link, work.cfg, work.launcher(stage), work.calls(stage),
+                                 median_ms * work.calls(stage))
+    finally:
+        state.bytes_seconds += time.perf_counter() - start
 
 
 def _summed_bytes(parts: dict) -> dict:
@@ -247,7 +261,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
         if impl == OURS:
             parts[runs] = got
             if runs == "quest":
-                got = {**_summed_bytes(parts), **got, "pipeline": work.quest_path}
+                summed = link_bytes.summed([parts.get(s) or {} for s in model.QUEST_STAGES])
+                got = {**_summed_bytes(parts), **summed, **got, "pipeline": work.quest_path}
         if table:  # the Quest step walked the table: each layer its own budget
             got = {**got, **sweep_table.fields(cfg, opts.budget_table, opts.budgets_file)}
             yield row(stage, impl, timing=timing, work=sweep_table.work(cfg, opts.budget_table),
@@ -272,6 +287,16 @@ def run_order(configs, backend) -> list:
     return [c for group in order for c in group]
 
 
+def link_why_not(backend, opts: Options, byte_status: dict | None) -> str | None:
+    """Why this run counts no link bytes over the host tier (None: CUPTI on a GPU counts them)."""
+    if not backend.is_gpu:
+        return link_bytes.cpu_reason(backend)
+    if opts.bytes_source != "cupti":
+        why = (byte_status or {}).get("reason") or f"this run's byte source is {opts.bytes_source}"
+        return f"link bytes are counted through CUPTI ({why})"
+    return None
+
+
 def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
               resume: bool = False, progress: Progress | None = None,
               command: str | None = None, meta_extra: dict | None = None) -> list[dict]:
@@ -284,14 +309,16 @@ def run_sweep(scenario, configs, backend, out_dir, opts: Options | None = None,
     """
     opts, backend = opts or Options(), timing_backend(backend)
     done = done_keys(out_dir) if resume else set()
-    meta = sweep_meta(scenario, configs, backend, command, opts,
-                      (meta_extra or {}).get("bytes"))
+    byte_status = (meta_extra or {}).get("bytes")
+    meta = sweep_meta(scenario, configs, backend, command, opts, byte_status)
     meta.update(meta_extra or {})
+    state = RunState(pools=None if backend.is_gpu else PoolCache())
+    state.link = link_bytes.prepare(configs, link_why_not(backend, opts, byte_status))
+    meta["link_bytes"] = state.link.as_meta() if state.link is not None else None
     if resume:
         meta = resumed_meta(out_dir, meta)
     plan = [(cfg, [k for k in row_keys(cfg, opts.peers, opts.flashinfer)
                    if (cfg.key(), *k) not in done]) for cfg in run_order(configs, backend)]
-    state = RunState(pools=None if backend.is_gpu else PoolCache())
     total = sum(len(row_keys(c, opts.peers, opts.flashinfer)) for c in configs)
     count = total - sum(len(keys) for _, keys in plan)
     written, start = [], time.perf_counter()

@@ -228,6 +228,17 @@ def _attention(cfg, union_pages: float | None) -> StageWork:
     return StageWork("attention", kv, _q_bytes(cfg) + tables, write, flops, bound)
 
 
+def per_head_kv_read(cfg) -> float:
+    """K and V bytes of per-head sparse attention where no page read serves another q head:
+    each q head's own K chosen pages, B x Hq x 2M x tokens(K). Over mapped host memory
+    (core/tier.py) the link carried exactly this on the H200 (2026-12-02, llama3-8b 16K budget
+    1024 per-head: 4 x K pages per KV head, +0.006% calibrated), where in HBM the group's other
+    q heads read the pages the first one brought into L2 (the union, _attention)."""
+    m = cfg.model
+    k = k_pages(cfg.budget, cfg.page_size, pages(cfg.length, cfg.page_size))
+    return cfg.batch * m.q_heads * 2 * vector_bytes(m) * _tokens(k, cfg)
+
+
 def _dense(cfg) -> StageWork:
     """Dense paged decode over all L tokens (T_dense): the baseline."""
     m, b, nnz = cfg.model, cfg.batch, cfg.batch * pages(cfg.length, cfg.page_size)

@@ -1,7 +1,10 @@
 """DRAM bytes of a region through CUPTI PM sampling (cupti-python's `cupti.pm_sampling`).
 
 The GPU samples dram__bytes_read.sum and dram__bytes_write.sum every `interval_ns` of GPU time;
-the completed samples of a window are summed. A window starts and ends with a few idle intervals
+the completed samples of a window are summed. The process's one collector is configured once,
+with pcie__read_bytes.sum too where CUPTI accepts it (JOINT: measure/link.py counts the host
+link's bytes from the same collector; on the H200 of 2026-12-02 a second configure left every
+later window without a completed sample). A window starts and ends with a few idle intervals
 so the last bytes of the region land in a completed sample (an open sample is dropped on stop),
 the first sample (which spans the time since the previous window) is left out, and an idle
 window of the same length is measured and subtracted. On an H200 (2026-11-29) a 2 GiB read
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from questprof import backends
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+LINK_METRIC = "pcie__read_bytes.sum"  # bytes the GPU reads over PCIe (measure/link.py)
+JOINT = (*METRICS, LINK_METRIC)  # what the one configure of a process asks for first
 INTERVAL_NS = 100_000  # ~310 samples a 30 ms window (pads too); 10 us: 10x the decoding, same sums
 MAX_SAMPLES = 20_000
 HW_BUFFER = 512 << 20  # cupti-python's default
@@ -54,11 +59,11 @@ def _check(step: str, fn, *args, **kwargs):
         raise CuptiError(f"CUPTI {step}: {_text(exc)}") from None
 
 
-def available() -> tuple[bool, str | None]:
-    """(True, None) when a PM-sampling session of DRAM bytes configures, starts, stops and
-    decodes on the current GPU (an empty window of ~1 ms), else (False, CUPTI's text); never
-    raises. Enabling a collector is not enough: on an H200 (cupti-python 13.4 over CUPTI
-    13.0.85) enable succeeded and configure failed."""
+def available(metrics: tuple[str, ...] = METRICS) -> tuple[bool, str | None]:
+    """(True, None) when a PM-sampling session of `metrics` (DRAM bytes by default) configures,
+    starts, stops and decodes on the current GPU (an empty window of ~1 ms), else (False,
+    CUPTI's text); never raises. Enabling a collector is not enough: on an H200 (cupti-python
+    13.4 over CUPTI 13.0.85) enable succeeded and configure failed."""
     reason = backends.gpu_unavailable_reason()
     if reason:
         return False, f"CUPTI: {reason}"
@@ -68,7 +73,7 @@ def available() -> tuple[bool, str | None]:
         return False, (f"CUPTI: cupti-python is not importable ({type(exc).__name__}: {exc}); "
                        "install cupti-python and nvidia-cuda-cupti")
     try:
-        _window(lambda: None, INTERVAL_NS)
+        window(lambda: None, INTERVAL_NS, metrics)
         return True, None
     except Exception as exc:  # deliberately any: a window that fails (CUPTI, CuPy, torch's CUDA
         # start) means no byte counts here, and its words are the reason
@@ -83,6 +88,7 @@ def release() -> None:
     """
     if _collector.cache_info().currsize:
         _check("disable", _collector().disable)
+        _configured.clear()  # the next collector may reuse this one's id
         _collector.cache_clear()
 
 
@@ -133,26 +139,71 @@ class DramBytes:
     idle_write: float
 
 
-_configured: dict = {}
+_configured: dict = {}  # id(collector) -> (interval_ns, the metrics it is configured with)
+_joint_refused: dict = {}  # a joint metric set CUPTI refused -> its words
 
 
-def _configure(collector, interval_ns: int) -> None:
-    """Configure once per interval: each configure builds a metric config image on the host,
-    which made a byte check of 8 configurations (2 windows per stage) outlast 110 s on an H200."""
-    if _configured.get(id(collector)) == interval_ns:
-        return
-    _check("configure", collector.configure, metrics=list(METRICS),
+def _candidates(want: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Metric sets to configure for a window of `want`, first choice first: JOINT (DRAM and
+    link bytes) holding `want`, then `want` alone. On the H200 (2026-12-02) JOINT configured,
+    and a window of it summed the DRAM and PCIe bytes."""
+    joint = tuple(dict.fromkeys((*JOINT, *want)))
+    return [joint] if joint == tuple(want) else [joint, tuple(want)]
+
+
+def _configure(collector, interval_ns: int, want: tuple[str, ...] = METRICS) -> tuple[int, tuple]:
+    """(interval, metrics) the collector samples, `want` among the metrics: configured once per
+    process, with the first candidate set CUPTI accepts (_candidates), at the first window's
+    interval. Never twice: on the H200 (2026-12-02) every window after a second configure of
+    one collector completed no sample (DRAM then DRAM + PCIe: 0 of 423; the probe's
+    pcie__write_bytes.sum after pcie__read_bytes.sum: none), while configures CUPTI refused did
+    no harm. A window that wants what the first configure left out is a CuptiError."""
+    now = _configured.get(id(collector))
+    if now is not None:
+        if set(want) <= set(now[1]):
+            return now
+        raise CuptiError(f"CUPTI configure: this process samples {', '.join(now[1])}; "
+                         f"{', '.join(m for m in want if m not in now[1])} would need a second "
+                         "configure, after which no sample completed on an H200")
+    joint, *alone = _candidates(tuple(want))
+    if alone:
+        try:
+            return _set(collector, interval_ns, joint)
+        except CuptiError as exc:
+            _joint_refused[joint] = str(exc)
+    return _set(collector, interval_ns, tuple(want))
+
+
+def _set(collector, interval_ns: int, metrics: tuple[str, ...]) -> tuple[int, tuple]:
+    """Configure the collector with `metrics` (CuptiError when CUPTI refuses) and remember it."""
+    _check("configure", collector.configure, metrics=list(metrics),
            hardware_buffer_size=HW_BUFFER, sampling_interval=interval_ns)
-    _configured[id(collector)] = interval_ns
+    _configured[id(collector)] = (interval_ns, metrics)
+    return interval_ns, metrics
 
 
-def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
-    """(read, write, seconds, samples) summed over a sampled window around `run()`."""
+def joint_refusal() -> str | None:
+    """CUPTI's words where it refused JOINT in this process, else None (accepted, or not tried)."""
+    return next(iter(_joint_refused.values()), None)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One sampled window: each asked metric's sum (first sample left out), the busy seconds
+    around the region and the completed samples."""
+
+    sums: tuple[float, ...]
+    seconds: float
+    samples: int
+
+
+def window(run, interval_ns: int, metrics: tuple[str, ...] = METRICS) -> Window:
+    """The sums of `metrics` over a sampled window around `run()`."""
     import cupy
 
     collector = _collector()
+    interval_ns, configured = _configure(collector, interval_ns, tuple(metrics))
     pad = PAD_INTERVALS * interval_ns * 1e-9
-    _configure(collector, interval_ns)
     opened = time.perf_counter()
     _check("start", collector.start)
     try:
@@ -169,8 +220,15 @@ def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
     if data.num_populated_samples > data.num_completed_samples + 1:
         raise CuptiError(f"CUPTI decode: only {data.num_completed_samples} of "
                          f"{data.num_populated_samples} samples completed: bytes would be lost")
-    read, write = sum_samples(_check("metric evaluation", list, data))
-    return read, write, seconds, data.num_completed_samples
+    sums = sum_metrics(_check("metric evaluation", list, data),
+                       [configured.index(m) for m in metrics])
+    return Window(sums, seconds, data.num_completed_samples)
+
+
+def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
+    """(read, write, seconds, samples) of the DRAM metrics over a window around `run()`."""
+    got = window(run, interval_ns, METRICS)
+    return (*got.sums, got.seconds, got.samples)
 
 
 def decode_samples(open_seconds: float, interval_ns: int) -> int:
@@ -185,7 +243,15 @@ def decode_samples(open_seconds: float, interval_ns: int) -> int:
 
 
 def sum_samples(samples) -> tuple[float, float]:
-    """(read, write) summed over a window's samples, its first sample left out.
+    """(read, write) DRAM bytes summed over a window's samples, its first sample left out
+    (sum_metrics)."""
+    read, write = sum_metrics(samples, [0, 1])
+    return read, write
+
+
+def sum_metrics(samples, positions) -> tuple[float, ...]:
+    """The sum of each metric at `positions` of the samples' metric values, the first sample
+    left out.
 
     The first sample of a session spans from the previous stop (from timestamp 0 after a
     configure) to the first trigger and holds every byte the GPU moved in between: on an H200
@@ -194,11 +260,11 @@ def sum_samples(samples) -> tuple[float, float]:
     2 GiB read was +0.0004% and 8 layers of dense +0.006%. The region starts PAD_INTERVALS idle
     intervals into the window, so the first sample holds none of it.
     """
-    read = write = 0.0
+    sums = [0.0] * len(positions)
     for sample in list(samples)[1:]:
-        read += sample.metric_values[0]
-        write += sample.metric_values[1]
-    return read, write
+        for i, at in enumerate(positions):
+            sums[i] += sample.metric_values[at]
+    return tuple(sums)
 
 
 def _interval(seconds: float) -> int:

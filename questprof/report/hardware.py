@@ -83,15 +83,19 @@ def has_measured_bytes(df: pd.DataFrame) -> bool:
 
 
 def byte_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """Kernel rows with measured reads: modelled read (formula + unmodelled), ratio measured /
-    modelled, `off` (the ratio outside 1 +- TOLERANCE) and `peer` (impl is not ours: shown, not
-    judged). Rows whose modelled read is 0 are left out."""
+    """Kernel rows with measured reads: modelled read (formula + unmodelled; over the host tier
+    its HBM reads: results.dram_read), ratio measured / modelled, `off` (the ratio outside
+    1 +- TOLERANCE) and `peer` (impl is not ours: shown, not judged). Rows whose modelled read
+    is 0 are left out."""
     ok = measured(df)
     if "measured_read_bytes" not in ok:
         return ok.iloc[0:0].assign(modelled_read=[], ratio=[], off=[], peer=[], small=[])
     rows = ok[ok["stage"].isin(KERNELS) & ok["measured_read_bytes"].notna()].copy()
     rows["modelled_read"] = rows["read_bytes"].astype(float) + rows["unmodelled_bytes"].astype(
         float).fillna(0)
+    if "tier_hbm_read_bytes" in rows:  # the host tier's pages cross the link, never DRAM
+        hbm = pd.to_numeric(rows["tier_hbm_read_bytes"], errors="coerce")
+        rows["modelled_read"] = hbm.where(hbm.notna(), rows["modelled_read"])
     rows = rows[rows["modelled_read"] > 0]
     rows["ratio"] = rows["measured_read_bytes"].astype(float) / rows["modelled_read"]
     rows["peer"] = ~_ours(rows)
@@ -167,6 +171,8 @@ def measured_rho(df: pd.DataFrame) -> pd.DataFrame:
     read, as `questprof bytes` computes it, beside rho_formula 1/S + K/P (our kernels only)."""
     rows = byte_rows(df)
     rows = rows[~rows["peer"]]
+    if "kv_tier" in rows:  # over the host tier dense reads almost nothing from DRAM: no rho
+        rows = rows[rows["kv_tier"].fillna("hbm") != "host"]
     keys = ["batch", "mode", "page_size", "budget", "length"]
     need = {*QUEST_STAGES, "dense"}
     if rows.empty or not need <= set(rows["stage"]):

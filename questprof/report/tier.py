@@ -1,7 +1,9 @@
 """The report's host-tier section (core/tier.py), drawn only when rows carry kv_tier host: time
 per stage with its link bytes, Quest's attention against dense over the same tier, the link
 ceilings of the run, and the replayed hit rate against the cache size C where the directory
-holds `questprof reuse` rows."""
+holds `questprof reuse` rows. Where the run counted link bytes (CUPTI's pcie__read_bytes.sum,
+commands/link_bytes.py), each stage's measured link reads, raw and calibrated, stand beside the
+modelled ones; where it did not, one line says why."""
 
 from __future__ import annotations
 
@@ -28,9 +30,12 @@ def has_tier(df: pd.DataFrame) -> bool:
 
 
 def _stages(rows: pd.DataFrame) -> pd.DataFrame:
-    """One line per (configuration, stage) of our kernels: us, link MB, link GB/s, and the
-    dense-over-host time over the Quest step's."""
-    ours = rows[(rows["impl"] == "ours") & rows["median_ms"].notna()].copy()
+    """One line per (configuration, stage) of our kernels, timed or with counted link bytes (a
+    byte check's rows): us, link MB, link GB/s, and the dense-over-host time over the Quest
+    step's ('-' where untimed)."""
+    counted = (pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce").notna()
+               if "calibrated_link_bytes" in rows else False)
+    ours = rows[(rows["impl"] == "ours") & (rows["median_ms"].notna() | counted)].copy()
     ours["us"] = ours["median_ms"] * 1e3
     ours["link_mb"] = ours["link_bytes"] / 1e6
     ours["link_gbs"] = ours["link_bytes"] / (ours["median_ms"] * 1e-3) / 1e9
@@ -43,7 +48,52 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     ours["length"] = ours["length"].map(fmt_tokens)
     ours = ours.round({"us": 1, "link_mb": 1, "link_gbs": 1, "dense_over_quest": 2})
     ours["link_gbs"] = ours["link_gbs"].where(ours["link_bytes"] > 0, "-")  # nothing crossed
+    for col in ("us", "link_gbs", "dense_over_quest"):  # a byte check's rows are untimed
+        ours[col] = ours[col].astype(object).where(ours[col].notna(), "-")
     return ours
+
+
+def has_measured_link(rows: pd.DataFrame) -> bool:
+    """Whether any row carries calibrated link bytes (directories before them have no column)."""
+    return ("calibrated_link_bytes" in rows
+            and bool(pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce").notna().any()))
+
+
+def _measured_link(ours: pd.DataFrame) -> pd.DataFrame:
+    """ours with the measured link columns: raw and calibrated MB per layer, and calibrated over
+    the tier model's link reads ('-' where the model moves nothing or nothing was counted)."""
+    raw = pd.to_numeric(ours["measured_link_bytes"], errors="coerce")
+    calibrated = pd.to_numeric(ours["calibrated_link_bytes"], errors="coerce")
+    model = pd.to_numeric(ours.get("link_read_bytes", ours["link_bytes"]), errors="coerce")
+    ours["link_raw_mb"] = (raw / 1e6).round(1)
+    ours["link_cal_mb"] = (calibrated / 1e6).round(1)
+    ratio = (calibrated / model).round(3)
+    ours["link_ratio"] = ratio.where((model > 0) & calibrated.notna(), "-")
+    for col in ("link_raw_mb", "link_cal_mb"):
+        ours[col] = ours[col].astype(object).where(ours[col].notna(), "-")
+    return ours
+
+
+def _link_said(rows: pd.DataFrame, meta: dict) -> str:
+    """One paragraph on the link counter: its calibration in this run, or why nothing was
+    counted ('' for runs that predate it and say nothing)."""
+    info = meta.get("link_bytes") or {}
+    if has_measured_link(rows) and info.get("factor") is not None:
+        return (f"<p>Measured link bytes: CUPTI's <code>{esc(info.get('metric', ''))}</code>, "
+                f"which counted {info['factor']:.4f}x the bytes of a zero-copy read of "
+                f"{info['known'] / 2**20:,.0f} MiB in this run (a second read "
+                f"{info['spread']:+.2%}); calibrated = raw / {info['factor']:.4f}.</p>")
+    why = info.get("reason")
+    if why is None and "link_reason" in rows:
+        why = next((r for r in rows["link_reason"].dropna()), None)
+    return f"<p>Link bytes not measured here: {esc(why)}.</p>" if why else ""
+
+
+def _split_at(cols: dict, key: str) -> tuple[dict, dict]:
+    """(the columns before `key`, `key` and those after it)."""
+    keys = list(cols)
+    at = keys.index(key)
+    return {k: cols[k] for k in keys[:at]}, {k: cols[k] for k in keys[at:]}
 
 
 def _reuse(df: pd.DataFrame) -> str:
@@ -61,7 +111,8 @@ def section(df: pd.DataFrame, meta: dict) -> str:
     """The section's HTML ('' without host-tier rows)."""
     if not has_tier(df):
         return ""
-    rows = _stages(df[df["kv_tier"] == "host"])
+    host = df[df["kv_tier"] == "host"]
+    rows = _stages(host)
     ceilings = meta.get("link_ceilings") or {}
     said = (f"<p>{esc(ceilings['reason'])}</p>" if "reason" in ceilings else
             f"<p>Link ceilings of this run: pinned copy {ceilings['copy_gbs']:.1f} GB/s, "
@@ -70,5 +121,12 @@ def section(df: pd.DataFrame, meta: dict) -> str:
     cols = {"length": "length", "batch": "B", "budget": "budget", "mode": "mode",
             "summary_tier": "summaries", "stage": "stage", "us": "us / layer",
             "link_mb": "link MB", "link_gbs": "link GB/s", "dense_over_quest": "dense / Quest"}
-    return said + table(rows, cols, numeric=("us", "link_mb", "link_gbs",
-                                             "dense_over_quest")) + _reuse(df)
+    if has_measured_link(rows):
+        rows, (head, tail) = _measured_link(rows), _split_at(cols, "link_gbs")
+        cols = {**head, "link_mb": "link MB (model)", "link_raw_mb": "measured MB (raw)",
+                "link_cal_mb": "measured MB (calibrated)", "link_ratio": "calibrated / model",
+                **tail}
+    numeric = ("us", "link_mb", "link_gbs", "dense_over_quest", "link_raw_mb", "link_cal_mb",
+               "link_ratio")
+    return (said + _link_said(host, meta) + table(rows, cols, numeric=numeric)
+            + _reuse(df))

@@ -75,6 +75,12 @@ def _host_available() -> int | None:
         return None
 
 
+def host_free_bytes() -> int | None:
+    """The host's available memory in bytes (where the host tier's pinned pools live); None
+    where it cannot be read."""
+    return _host_available()
+
+
 def free_bytes(backend) -> int | None:
     """Free memory in bytes where the pools live: the GPU's (CuPy's cached blocks included),
     or the host's available memory for a CPU backend; None when unknown."""
