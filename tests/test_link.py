@@ -5,15 +5,21 @@ and without measured link bytes (measure/link.py, commands/link_bytes.py)."""
 
 from __future__ import annotations
 
-import sys
 import types
 
 import pandas as pd
 import pytest
+from fake_cupti import install as install_fake_cupti
 
 from questprof.commands import bytes as bytes_cmd
 from questprof.commands import link_bytes
-from questprof.commands.bytes_verdict import EXIT_FAIL, EXIT_OK, judge, link_table, verdict
+from questprof.commands.bytes_verdict import (
+    EXIT_FAIL,
+    EXIT_OK,
+    judge,
+    link_table,
+    verdict,
+)
 from questprof.core import model, tier
 from questprof.core.config import Config, ModelShape
 from questprof.measure import cupti, link
@@ -108,20 +114,7 @@ class Collector:
 @pytest.fixture
 def collector(monkeypatch):
     """A visible device (fake CuPy) and the fake collector above as cupti-python's."""
-    device = types.SimpleNamespace(id=0, synchronize=lambda: None)
-    fake_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1), Device=lambda: device),
-        zeros=lambda n: None)
-    package, sampling = types.ModuleType("cupti"), types.ModuleType("cupti.pm_sampling")
-    sampling.Collector, package.pm_sampling = Collector, sampling
-    for name, module in (("cupy", fake_cupy), ("cupti", package), ("cupti.pm_sampling", sampling),
-                         ("torch", None)):
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(cupti, "PAD_INTERVALS", 0)
-    monkeypatch.setattr(cupti, "_configured", {})
-    monkeypatch.setattr(cupti, "_joint_refused", {})
-    monkeypatch.setattr(cupti.atexit, "register", lambda fn: None)
-    cupti._collector.cache_clear()
+    install_fake_cupti(monkeypatch, Collector)
     yield Collector
     Collector.refuse = set()
     cupti._collector.cache_clear()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fake_cupti import install as install_fake_cupti
 
 from questprof.measure import ceilings, cupti, ncu, nvml
 
@@ -234,19 +235,7 @@ class Samples(list):
 @pytest.fixture
 def fake_cupti(monkeypatch):
     """A visible device (fake CuPy) and a fake cupti-python; no torch to initialise CUDA."""
-    device = types.SimpleNamespace(id=0, synchronize=lambda: None)
-    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(
-        runtime=types.SimpleNamespace(getDeviceCount=lambda: 1), Device=lambda: device),
-        zeros=lambda n: None)
-    package, sampling = types.ModuleType("cupti"), types.ModuleType("cupti.pm_sampling")
-    sampling.Collector, package.pm_sampling = FakeCollector, sampling
-    for name, module in (("cupy", cupy), ("cupti", package), ("cupti.pm_sampling", sampling),
-                         ("torch", None)):
-        monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.setattr(cupti, "PAD_INTERVALS", 0)
-    monkeypatch.setattr(cupti, "_configured", {})
-    monkeypatch.setattr(cupti.atexit, "register", lambda fn: None)
-    cupti._collector.cache_clear()
+    install_fake_cupti(monkeypatch, FakeCollector)
     yield FakeCollector
     FakeCollector.fails = None
     cupti._collector.cache_clear()
