@@ -193,3 +193,23 @@ def test_the_byte_check_over_the_host_tier_runs_and_says_why_no_link_is_counted(
     (line,) = [x for x in got.stderr.strip().splitlines() if not x.startswith("rho =")]
     assert "no DRAM byte source is available" in line
     assert "link bytes not measured: no GPU here" in line
+
+
+def test_every_timed_tier_row_carries_its_share_of_the_copy_ceiling():
+    """With the run's link ceilings in meta, each timed row's link GB/s over the pinned-copy
+    ceiling ('-' where nothing crossed); without them, '-' and the sentence that says why."""
+    import pandas as pd
+
+    from questprof.report import tier as tier_report
+
+    base = {"impl": "ours", "kv_tier": "host", "model": "a", "length": 32768, "batch": 1,
+            "page_size": 16, "budget": 2048, "mode": "shared-mean", "summary_tier": "hbm",
+            "hbm_pages": 0, "kv_dtype": "bf16", "summary_dtype": "bf16", "tp": None}
+    df = pd.DataFrame([{**base, "stage": "dense", "median_ms": 2.0, "link_bytes": 100e6},
+                       {**base, "stage": "estimate", "median_ms": 0.004, "link_bytes": 0.0}])
+    got = tier_report._of_copy(tier_report._stages(df), 55.0)
+    assert dict(zip(got["stage"], got["of_copy"])) == {"dense": round(50.0 / 55.0, 2),
+                                                      "estimate": "-"}
+    html = tier_report.section(df, {"link_ceilings": {"copy_gbs": 55.0, "zero_copy_gbs": 51.0}})
+    assert "of the copy ceiling" in html and "pinned copy 55.0 GB/s" in html
+    assert set(tier_report._of_copy(tier_report._stages(df), None)["of_copy"]) == {"-"}

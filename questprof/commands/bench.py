@@ -31,7 +31,7 @@ from questprof.core import model, tier
 from questprof.core.config import Config, ConfigError, ModelShape
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.stages import ROW_STAGES
-from questprof.measure.ceilings import ladder_ms, measure_ceilings, read_ladder
+from questprof.measure.ceilings import ladder_ms, link_ceilings, measure_ceilings, read_ladder
 from questprof.measure.timing import time_layers
 from questprof.results import OURS, ResultsWriter, make_row, now
 from questprof.workload import flashinfer as fi
@@ -250,6 +250,10 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
     read_ms = functools.partial(ladder_ms, ladder)
     log(f"ceilings: read {ceilings['read_gbs']:.0f} GB/s, copy {ceilings['copy_gbs']:.0f} GB/s, "
         f"fp16 {ceilings['fp16_tflops']:.0f} TFLOP/s ({ceilings.get('gpu')})")
+    ceilings["link"] = link_ceilings(cases, backend)  # host-tier cases only (meta link_ceilings)
+    if ceilings["link"] and "copy_gbs" in ceilings["link"]:
+        log(f"link ceilings: pinned copy {ceilings['link']['copy_gbs']:.1f} GB/s, zero-copy read "
+            f"{ceilings['link']['zero_copy_gbs']:.1f} GB/s")
     rows = []
     for cfg in cases:
         log(f"case {cfg.model.name} L={cfg.length} B={cfg.batch} S={cfg.page_size} "
@@ -274,7 +278,7 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
 def _meta(command: str, ceilings: dict, goal_list: list[dict], link=None) -> dict:
     return {"scenario": "bench", "command": command, "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": "cupy",
-            "ceilings": ceilings, "goals": goal_list,
+            "ceilings": ceilings, "link_ceilings": ceilings.get("link"), "goals": goal_list,
             "link_bytes": link.as_meta() if link is not None else None}
 
 

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 
 from questprof.core.machine import git_fields, machine_info
-from questprof.measure.ceilings import measure_ceilings, measure_link_ceilings
+from questprof.measure.ceilings import link_ceilings, measure_ceilings
 from questprof.results import load, now
 
 
@@ -29,18 +29,6 @@ def _ceilings(backend) -> dict:
         return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
 
 
-def _link_ceilings(configs, backend) -> dict | None:
-    """The host link's ceilings (copy, zero-copy read) when a configuration keeps its pages on
-    the host of a GPU; None otherwise (on the CPU the host is the host: no link to measure)."""
-    if not backend.is_gpu or all(c.kv_tier == "hbm" for c in configs):
-        return None
-    try:
-
-        return measure_link_ceilings()
-    except Exception as exc:  # context for the report, as the other ceilings: never a stop
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-
-
 def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None,
                byte_status: dict | None = None) -> dict:
     """meta.json of a run (notes/CONTRACTS.md)."""
@@ -51,7 +39,7 @@ def sweep_meta(scenario, configs, backend, command: str | None = None, opts=None
             "command": command or " ".join(sys.argv), "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": backend.name,
             "fallback_reason": getattr(backend, "fallback_reason", None),
-            "ceilings": _ceilings(backend), "link_ceilings": _link_ceilings(configs, backend),
+            "ceilings": _ceilings(backend), "link_ceilings": link_ceilings(configs, backend),
             "grid": _grid(configs), "timing": timing,
             "bytes": byte_status or {}}
 

@@ -240,3 +240,15 @@ def measure_link_ceilings(nbytes: int = LINK_BYTES, repeats: int = 10) -> dict:
     del dst, mapped
     return {"link_bytes": nbytes, "copy_gbs": nbytes / (copy_ms * 1e-3) / 1e9,
             "zero_copy_gbs": nbytes / (read_ms * 1e-3) / 1e9}
+
+
+def link_ceilings(configs, backend) -> dict | None:
+    """The host link's ceilings (measure_link_ceilings) when a configuration keeps its pages on
+    the host of a GPU, for a run's meta.json (sweep, bench); None otherwise (on the CPU the host
+    is the host: no link to measure); a failure is its reason, never a stop."""
+    if not backend.is_gpu or all(c.kv_tier == "hbm" for c in configs):
+        return None
+    try:
+        return measure_link_ceilings()
+    except Exception as exc:  # context for the report, as the other ceilings: never a stop
+        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}

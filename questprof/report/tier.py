@@ -53,6 +53,15 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     return ours
 
 
+def _of_copy(ours: pd.DataFrame, copy_gbs: float | None) -> pd.DataFrame:
+    """ours with each timed row's link GB/s over the run's pinned-copy ceiling ('-' without a
+    ceiling, or where nothing crossed or nothing was timed)."""
+    rate = pd.to_numeric(ours["link_gbs"], errors="coerce")
+    share = (rate / copy_gbs).round(2) if copy_gbs else rate * float("nan")
+    ours["of_copy"] = share.astype(object).where(share.notna(), "-")
+    return ours
+
+
 def has_measured_link(rows: pd.DataFrame) -> bool:
     """Whether any row carries calibrated link bytes (directories before them have no column)."""
     return ("calibrated_link_bytes" in rows
@@ -112,21 +121,22 @@ def section(df: pd.DataFrame, meta: dict) -> str:
     if not has_tier(df):
         return ""
     host = df[df["kv_tier"] == "host"]
-    rows = _stages(host)
     ceilings = meta.get("link_ceilings") or {}
+    rows = _of_copy(_stages(host), ceilings.get("copy_gbs"))
     said = (f"<p>{esc(ceilings['reason'])}</p>" if "reason" in ceilings else
             f"<p>Link ceilings of this run: pinned copy {ceilings['copy_gbs']:.1f} GB/s, "
             f"zero-copy read {ceilings['zero_copy_gbs']:.1f} GB/s.</p>" if ceilings else
             f"<p>{esc(NO_CEILINGS)}</p>")
     cols = {"length": "length", "batch": "B", "budget": "budget", "mode": "mode",
             "summary_tier": "summaries", "stage": "stage", "us": "us / layer",
-            "link_mb": "link MB", "link_gbs": "link GB/s", "dense_over_quest": "dense / Quest"}
+            "link_mb": "link MB", "link_gbs": "link GB/s", "of_copy": "of the copy ceiling",
+            "dense_over_quest": "dense / Quest"}
     if has_measured_link(rows):
         rows, (head, tail) = _measured_link(rows), _split_at(cols, "link_gbs")
         cols = {**head, "link_mb": "link MB (model)", "link_raw_mb": "measured MB (raw)",
                 "link_cal_mb": "measured MB (calibrated)", "link_ratio": "calibrated / model",
                 **tail}
-    numeric = ("us", "link_mb", "link_gbs", "dense_over_quest", "link_raw_mb", "link_cal_mb",
-               "link_ratio")
+    numeric = ("us", "link_mb", "link_gbs", "of_copy", "dense_over_quest", "link_raw_mb",
+               "link_cal_mb", "link_ratio")
     return (said + _link_said(host, meta) + table(rows, cols, numeric=numeric)
             + _reuse(df))
