@@ -375,8 +375,7 @@ QP_DEVICE void score_unit(const uint16_t* __restrict__ q, const word_t<TS>* __re
 // BOXES, 2, D], each score the largest over the page's boxes that hold keys). The grid is at most
 // one resident wave (EST_NTILE_BLOCKS per SM, constants.cuh); warp w scores units [U w / W,
 // U (w + 1) / W) of the U = Hkv x tiles units.
-// The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
-// kernels/common.cuh, load16_ro).
+// The kernel's body, over its params' fields and q (the kernel below unpacks them).
 template <typename T, typename TS, int D, int NT, int BOXES>
 QP_DEVICE void estimate_run(const uint16_t* __restrict__ q, const word_t<TS>* __restrict__ summ,
                             const int* __restrict__ indptr, const int* __restrict__ indices,
@@ -409,10 +408,12 @@ QP_DEVICE void estimate_run(const uint16_t* __restrict__ q, const word_t<TS>* __
 }
 
 // q [B, Hq, d] comes beside the params as a __restrict__ kernel argument: nvcc then loads it
-// through the read-only path with the chunk offsets as immediates ([q + 64], [q + 128], ...).
-// From the struct, __ldg's asm took an or, a widening multiply and an add per load, and a plain
-// load lost the read-only path: the estimate ran 5-6% (asm) and 6-12% (plain) slower than with
-// q as an argument (H200, 2026-12-02, bench of tests/fixtures/bench-gqa.toml side by side).
+// through the read-only path with the chunk offsets as immediates ([q + 64], [q + 128], ...),
+// as when every pointer was an argument (05797cf). From the struct, __ldg's asm took an or, a
+// widening multiply and an add per load (16-bit estimate +3.3-5.9% against 05797cf), a plain
+// load lost the read-only path (+5.8-11.1%); q as an argument won back -0.1 to 1.0 points of
+// the first (within what two calls differ by), and 2.7-5.4% remain unexplained (H200, 2026-12-02, benches of
+// tests/fixtures/bench-gqa.toml side by side; notes/KERNELS.md).
 template <typename T, typename TS, int D, int NT, int BOXES>
 __global__ void __launch_bounds__(EST_WARPS * 32, EST_NTILE_BLOCKS[NT - 1])
 estimate_kernel(const EstimateParams p, const uint16_t* __restrict__ q) {

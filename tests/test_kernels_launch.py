@@ -11,6 +11,12 @@ from questprof.backends import variants
 from questprof.core.fp8 import E4M3
 
 
+def _pointer(array) -> str:
+    """The C parameter type a device array is passed as: a const pointer to its storage."""
+    return {2: "unsigned short const*"}.get(getattr(array.dtype, "itemsize", 0),
+                                             type(array).__name__)
+
+
 def _signatures(parts) -> dict[str, list[str]]:
     """Template instance (as the launcher names it, without spaces) -> its parameter types, of
     every kernel in a source's objects."""
@@ -41,9 +47,10 @@ TUNES = ("", "stages=6,tk_threads=256")  # the defaults; deep rings, a smaller t
 
 def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypatch):
     """A dry run of backends/cupy.py over a CPU stand-in for CuPy (tests/cupy_stub.py): every
-    kernel a launch names is among the built instances and gets one argument, the params struct
-    its one parameter is (by the C name of backends/params.py's dtype, whose layout
-    tests/test_params.py holds to nvcc's), at every group, head dim, cache and mode of DRY_RUN."""
+    kernel a launch names is among the built instances and gets its params struct first (by the
+    C name of backends/params.py's dtype, whose layout tests/test_params.py holds to nvcc's) and
+    then the pointers it takes beside it (the estimate's q: kernels/estimate.cu says why), at
+    every group, head dim, cache and mode of DRY_RUN."""
     import importlib
     import sys
 
@@ -93,7 +100,7 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
         key = expression.replace(" ", "")
         assert key in sigs, f"{expression} is not built"
         names = {dtype: name for name, dtype in params.STRUCTS.items()}
-        passed = [names.get(getattr(a, "dtype", None), type(a).__name__) for a in args]
+        passed = [names.get(getattr(a, "dtype", None)) or _pointer(a) for a in args]
         assert passed == sigs[key], f"{expression}: {passed} passed, {sigs[key]} wanted"
         assert args[0].shape == (1,)
         assert min(grid) >= 1 and shared_mem <= 227 * 1024

@@ -182,6 +182,15 @@ def test_cupti_interval_bounds_samples():
     assert 10.0 * 1e9 / long < cupti.MAX_SAMPLES / 2
 
 
+def test_a_window_longer_than_one_decode_holds_is_an_error_not_a_lost_count():
+    """The process samples at its first window's interval: a window of more intervals than
+    MAX_SAMPLES says so (it would decode only the first MAX_SAMPLES samples)."""
+    assert cupti.check_span(0.5, cupti.INTERVAL_NS) == 0.5
+    too_long = (cupti.MAX_SAMPLES + 1) * cupti.INTERVAL_NS * 1e-9
+    with pytest.raises(cupti.CuptiError, match="one decode holds"):
+        cupti.check_span(too_long, cupti.INTERVAL_NS)
+
+
 def test_cupti_error_text_keeps_status():
     class Fake(Exception):
         status = 99999

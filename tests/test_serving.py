@@ -116,8 +116,10 @@ def test_trace_and_named_mixes(tmp_path):
 def test_longbench_mix_draws_the_published_task_lengths():
     """Each request is one task's published average (words x tokens per word), tasks drawn in
     proportion to their samples; --lengths keeps the tasks inside it, or says none is left."""
-    from questprof.serving.mixes import LONGBENCH, TOKENS_PER_WORD, longbench_tokens
+    from questprof.serving.mixes import (CODE_TOKENS_PER_WORD, LONGBENCH, TOKENS_PER_WORD,
+                                         longbench_tokens)
     assert longbench_tokens()["NarrativeQA"] == round(18409 * TOKENS_PER_WORD)
+    assert longbench_tokens()["LCC"] == round(1235 * CODE_TOKENS_PER_WORD)  # code: its own ratio
     mix = named_mix("longbench", None, 4000, 8, seed=2)
     lengths = np.array([s.prompt for s in mix])
     assert set(lengths) <= set(longbench_tokens().values())

@@ -107,6 +107,8 @@ def gather(kv: PagedKV, sel, staging: PagedKV) -> None:
     if heads != int(kv.k.shape[1]):
         raise ValueError(f"gather takes one selection per KV head (shared modes): {heads} rows "
                          f"for {int(kv.k.shape[1])} KV heads")
+    if batch != kv.batch:  # the kernel reads the batch from kv's PagedCache
+        raise ValueError(f"a selection of {batch} requests for a cache of {kv.batch}")
     if staging.num_pages != batch * k_pages:
         raise ValueError(f"staging pool of {staging.num_pages} pages for {batch} x {k_pages}")
     page_bytes = kv.page_size * int(kv.k.shape[3]) * kv.k.dtype.itemsize

@@ -108,7 +108,7 @@ def run_case(backend, cfg: Config, ceiling: float | None, repeats: int = 20, gra
     rows = [_row(cfg, s, OURS, time(work.launcher(s)), work.work(s), ceiling, layers, backend)
             for s in STAGES]
     rows[STAGES.index("quest")]["pipeline"] = work.quest_path
-    for r in rows:  # after every timing: a link window may configure CUPTI again
+    for r in rows:  # after every timing (a link window's calibration and passes take seconds)
         pass_ms = r["median_ms"] * layers if r.get("median_ms") else None
         r.update(link_bytes.fields(link, cfg, work.launcher(r["stage"]), layers, pass_ms))
     if selectors and not cfg.is_dense_budget:
@@ -278,7 +278,8 @@ def run_bench(cases: list[Config], repeats: int = 20, graph: bool = True,
 def _meta(command: str, ceilings: dict, goal_list: list[dict], link=None) -> dict:
     return {"scenario": "bench", "command": command, "started": now(), "finished": None,
             **git_fields(), "machine": machine_info(), "backend": "cupy",
-            "ceilings": ceilings, "link_ceilings": ceilings.get("link"), "goals": goal_list,
+            "ceilings": {k: v for k, v in ceilings.items() if k != "link"},
+            "link_ceilings": ceilings.get("link"), "goals": goal_list,
             "link_bytes": link.as_meta() if link is not None else None}
 
 

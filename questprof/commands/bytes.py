@@ -191,7 +191,7 @@ def measure_config(cfg, backend, source: str, flush, gpm=None, naive=True,
 
 def _links(work, source: str, keys, link_run) -> dict:
     """{(stage, impl): link fields} of our stages over the host tier: counted in the CUPTI
-    source's pass (after its DRAM windows: a switch of metrics may configure again), else why
+    source's pass (after its DRAM windows, in the process's one configure), else why
     not. The torch peers have no rows over the host tier."""
     ours = [k for k in keys if k[1] == OURS]
     if source != "cupti":

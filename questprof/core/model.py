@@ -232,7 +232,7 @@ def per_head_kv_read(cfg) -> float:
     """K and V bytes of per-head sparse attention where no page read serves another q head:
     each q head's own K chosen pages, B x Hq x 2M x tokens(K). Over mapped host memory
     (core/tier.py) the link carried exactly this on the H200 (2026-12-02, llama3-8b 16K budget
-    1024 per-head: 4 x K pages per KV head, +0.006% calibrated), where in HBM the group's other
+    1024 per-head: 4 x K pages per KV head, calibrated +0.0016% and +0.006% in two runs), where in HBM the group's other
     q heads read the pages the first one brought into L2 (the union, _attention)."""
     m = cfg.model
     k = k_pages(cfg.budget, cfg.page_size, pages(cfg.length, cfg.page_size))

@@ -215,7 +215,7 @@ def window(run, interval_ns: int, metrics: tuple[str, ...] = METRICS) -> Window:
         time.sleep(pad)
     finally:
         _check("stop", collector.stop)
-    samples = decode_samples(time.perf_counter() - opened, interval_ns)
+    samples = decode_samples(check_span(time.perf_counter() - opened, interval_ns), interval_ns)
     data = _check("decode", collector.decode, max_samples=samples)
     if data.num_populated_samples > data.num_completed_samples + 1:
         raise CuptiError(f"CUPTI decode: only {data.num_completed_samples} of "
@@ -229,6 +229,18 @@ def _window(run, interval_ns: int) -> tuple[float, float, float, int]:
     """(read, write, seconds, samples) of the DRAM metrics over a window around `run()`."""
     got = window(run, interval_ns, METRICS)
     return (*got.sums, got.seconds, got.samples)
+
+
+def check_span(open_seconds: float, interval_ns: int) -> float:
+    """open_seconds, or a CuptiError when the window spanned more intervals than one decode
+    holds (MAX_SAMPLES): the process's one interval is the first window's (_configure), so a
+    longer window cannot widen it, and the samples past the decode's would be dropped."""
+    spanned = math.ceil(open_seconds * 1e9 / interval_ns)
+    if spanned + 64 > MAX_SAMPLES:
+        raise CuptiError(f"CUPTI window of {open_seconds:.2f} s spans {spanned} intervals of "
+                         f"{interval_ns / 1e3:.0f} us, over the {MAX_SAMPLES} samples one decode "
+                         "holds: its bytes would be lost (measure fewer passes)")
+    return open_seconds
 
 
 def decode_samples(open_seconds: float, interval_ns: int) -> int:

@@ -5,9 +5,10 @@ The host tier (core/tier.py, backends/host_tier.py) keeps K and V pages in mappe
 memory that the kernels read in place: those bytes never reach DRAM, so only a link counter sees
 them. On the H200 (2026-12-02, commit 8ff47d2, tools/link_bytes_probe.py) PM sampling
 configured with `pcie__read_bytes.sum` ("# of bytes of PCIe read data, at 512B granularity",
-`ncu --query-metrics --chip gh100`); every other pcie__ name was refused (pcie__rx_bytes.sum,
-pcie__tx_bytes.sum, pcie__read_bytes, pcie__throughput, pcie__cycles_*: ERROR_INVALID_PARAMETER)
-and pcie__write_bytes.sum configured but returned no samples. Over 8 repeats of 256 MiB the
+`ncu --query-metrics --chip gh100`); the names tried before it were refused (pcie__read_bytes,
+pcie__cycles_*: ERROR_INVALID_PARAMETER); those tried after it in the same process (the rest,
+pcie__write_bytes.sum's empty window included) followed a configure and settle nothing: the
+probe now runs each metric in a fresh process. Over 8 repeats of 256 MiB the
 counter summed to 1.0469x the known bytes for a pinned host-to-device copy (copy engine) and
 1.0938x for a kernel reading mapped pinned memory in place (zero-copy): it counts, with an
 overhead that depends on the kind of access. So every figure is calibrated on a zero-copy read by
@@ -36,7 +37,7 @@ METRIC = cupti.LINK_METRIC  # "pcie__read_bytes.sum"
 CALIBRATION_BYTES = 256 << 20  # the probe's size: 4.3x an H200's 60 MiB L2, so every read misses
 CALIBRATION_REPEATS = 8  # the probe's: ~40 ms a window at the H200's ~54 GB/s zero-copy read
 # A second calibration window must land within SPREAD of the first: the factor is then a
-# property of the link, not of one window. UNVERIFIED on a GPU (the probe ran one window each).
+# property of the link, not of one window (on the H200, 2026-12-02: 6e-7 apart).
 SPREAD = 0.02
 # The zero-copy read counted 1.0938x on the H200: a factor outside this range is no protocol
 # overhead but another link (NVLink-C2C on a GH200 crosses no PCIe) or a counter that misses.

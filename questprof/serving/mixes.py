@@ -8,8 +8,10 @@ request of a named mix arrives at 0 and generates `output` tokens.
 `longbench` draws LongBench's English and code tasks (Bai et al., ACL 2024) in proportion to
 their test samples, each request as long as its task's published average: LongBench's task.md
 (github.com/THUDM/LongBench, LongBench/task.md) gives the average length in words (Python's
-split). Words become tokens at TOKENS_PER_WORD, measured with SmolLM2's tokenizer on English
-prose (GPL-3's text: 5,644 words, 7,658 tokens; Apache-2.0's: 1.41). The averages are all it
+split). Words become tokens as SmolLM2's tokenizer counts them: TOKENS_PER_WORD on English
+prose (GPL-3's text: 5,644 words, 7,658 tokens; Apache-2.0's: 1.41), CODE_TOKENS_PER_WORD on
+code for LCC and RepoBench-P (Python's json/decoder.py, heapq.py, bisect.py and textwrap.py:
+7,636 words, 15,634 tokens; questprof's own serving/ and core/: 2.47). The averages are all it
 publishes, so each task is one length; its Chinese tasks (lengths in characters) are left out.
 """
 
@@ -32,7 +34,8 @@ MIXES = {
 }
 MIXES["longbench"] = ("LongBench's English and code tasks in proportion to their test samples, "
                       "each at its published average length (THUDM/LongBench task.md), words x "
-                      "1.36 tokens; --lengths, when given, keeps the tasks inside it")
+                      "1.36 tokens (code: x 2.05); --lengths, when given, keeps the tasks inside "
+                      "it")
 # task: (average length in words, test samples), LongBench/task.md of THUDM/LongBench
 LONGBENCH = {"HotpotQA": (9151, 200), "2WikiMultihopQA": (4887, 200), "MuSiQue": (11214, 200),
              "MultiFieldQA-en": (4559, 150), "NarrativeQA": (18409, 200), "Qasper": (3619, 200),
@@ -41,6 +44,8 @@ LONGBENCH = {"HotpotQA": (9151, 200), "2WikiMultihopQA": (4887, 200), "MuSiQue":
              "PassageRetrieval-en": (9289, 200), "PassageCount": (11141, 200),
              "LCC": (1235, 500), "RepoBench-P": (4206, 500)}
 TOKENS_PER_WORD = 1.36  # SmolLM2's tokenizer on GPL-3's English text (module docstring)
+CODE_TOKENS_PER_WORD = 2.05  # the same tokenizer on four modules of Python's stdlib
+CODE_TASKS = ("LCC", "RepoBench-P")
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,10 @@ def named_mix(name: str, lengths: list[int] | None, count: int, output: int,
 
 
 def longbench_tokens() -> dict[str, int]:
-    """Each LongBench task's average prompt in tokens (words x TOKENS_PER_WORD)."""
-    return {task: int(round(words * TOKENS_PER_WORD)) for task, (words, _) in LONGBENCH.items()}
+    """Each LongBench task's average prompt in tokens (its words x the prose or code ratio)."""
+    return {task: int(round(words * (CODE_TOKENS_PER_WORD if task in CODE_TASKS
+                                      else TOKENS_PER_WORD)))
+            for task, (words, _) in LONGBENCH.items()}
 
 
 def longbench_mix(lengths: list[int] | None, count: int, output: int, seed: int = 0) -> list[Spec]:

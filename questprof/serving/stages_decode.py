@@ -94,9 +94,11 @@ class StagesDecode:
         return out, [float(p) for p in pages]
 
     def _sparse(self, q, kv: PagedKV, k_pages: int):
-        """(out, pages read per request): the stages one by one (backend.quest composes the
-        same three), so each request's read is the mean over KV heads of the union of its q
-        heads' pages, as HostDecode counts it (not K: per-head q heads choose apart)."""
+        """(out, pages read per request): the stages one by one, so each request's read is the
+        mean over KV heads of the union of its q heads' pages, as HostDecode counts it (not K:
+        per-head q heads choose apart). backend.quest composes the same three, but on a GPU it
+        chains them by PDL, and here the selection also comes back to the host: this engine's
+        step is not the bench's Quest step (its copy through the host already was not)."""
         scores = self.backend.estimate(q, kv, "per-head")
         sel, count = self.backend.topk(scores, kv, k_pages)
         out, _ = self.backend.attention(q, kv, sel, count)
