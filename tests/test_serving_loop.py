@@ -325,3 +325,45 @@ def test_a_call_with_the_cache_counts_the_cache_once(tiny):
     seconds = clock.forwards[-1].seconds
     assert out.shape == (1, 1, 4, 16)  # one decode request over its 3 cached tokens
     assert seconds["cache"] >= 0.05 > seconds["attention_call"]
+
+
+class _CountingClock:
+    """A StepClock stand-in whose time is the count of its readings."""
+
+    def __init__(self) -> None:
+        self.t, self.parts = 0, {}
+
+    def now(self) -> float:
+        self.t += 1
+        return float(self.t)
+
+    def add(self, part: str, seconds: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    def batch(self, decode: int, prefill_tokens: int) -> None:
+        pass
+
+
+def test_a_prefill_chunks_summary_writes_count_as_prefill_not_decode_attention(tiny):
+    """One call holding a prefill chunk (3 tokens) and a decode step: the prefill tokens'
+    summary write is timed into `base` (the step's prefill part) with the chunk's attention,
+    the decode token's stays in the call's own time."""
+    import torch
+    from questprof.serving.paged_attention import QuestPaged
+    model, _ = tiny
+    clock = _CountingClock()
+    g = torch.Generator().manual_seed(1)
+
+    def base(module, q, k, v, mask, **kwargs):  # the attention QuestPaged replaced: [1, T, Hq, d]
+        return (q.transpose(1, 2).contiguous(), None)
+
+    attention = QuestPaged(Policy("quest", SIZE, 64, dense_layers=0), base=base, timer=clock)
+    q, k = torch.randn(1, 4, 4, 16, generator=g), torch.randn(1, 2, 8, 16, generator=g)
+    read = torch.tensor([0, 1, 2, 16, 17, 18, 19, 20])
+    out, _ = attention(model.model.layers[1].self_attn, q, k, k.clone(), None,
+                       cu_seq_lens_q=torch.tensor([0, 3, 4]), cu_seq_lens_k=torch.tensor([0, 3, 8]),
+                       read_index=[read], write_index=[torch.tensor([0, 1, 2, 20])])
+    assert out.shape == (1, 4, 4, 16)
+    assert attention.log.selections == 1  # the decode step selected
+    # 2 readings of the prefill write + 2 of the chunk's attention, each pair 1 apart
+    assert clock.parts["base"] == 2.0

@@ -281,7 +281,7 @@ class QuestPaged:
         slots = read.cpu().numpy() if read.numel() else None
         rows, items = [], []
         for q0, q1, k0, k1 in spans:
-            if q1 - q0 == 1 and k1 - k0 > 1 and slots is not None:
+            if _is_decode(q0, q1, k0, k1) and slots is not None:
                 rows.append(q0)
                 items.append(self._item(layer, query[0, :, q0], key[0, :, k0:k1],
                                         value[0, :, k0:k1], slots[k0:k1]))
@@ -319,11 +319,26 @@ class QuestPaged:
 
     def _write(self, layer: int, key, write, spans) -> None:
         """Fold the tokens this call writes into their pages' summaries (they are the last
-        q1 - q0 keys of each request's span, written at write_index's slots)."""
+        q1 - q0 keys of each request's span, written at write_index's slots): decode tokens in
+        this call's time, prefill chunks' in the timer's `base` (the prefill part of a step,
+        serving/step_time.py), so the summaries of a prompt never count as decode attention."""
         at = np.concatenate([np.arange(k1 - (q1 - q0), k1) for q0, q1, _, k1 in spans])
-        keys = key[0, :, at].transpose(0, 1).float().cpu().numpy()
+        decode = np.concatenate([np.full(q1 - q0, _is_decode(q0, q1, k0, k1))
+                                 for q0, q1, k0, k1 in spans])
+        slots = write[: len(at)].cpu().numpy()
         table = self.summaries.setdefault(layer, PageSummaries(self.policy.page_size))
-        table.write(write[: len(at)].cpu().numpy(), keys)
+        for mine in (decode, ~decode):
+            if not mine.any():
+                continue
+            t0 = self.timer.now() if self.timer is not None and mine is not decode else None
+            table.write(slots[mine], key[0, :, at[mine]].transpose(0, 1).float().cpu().numpy())
+            if t0 is not None:
+                self.timer.add("base", self.timer.now() - t0)
+
+
+def _is_decode(q0: int, q1: int, k0: int, k1: int) -> bool:
+    """Whether a request's span in a call is a decode step: one query over cached keys."""
+    return q1 - q0 == 1 and k1 - k0 > 1
 
 
 def _as_tensor(x: np.ndarray, device):

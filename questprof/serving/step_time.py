@@ -14,7 +14,8 @@ the decoder layer's ops and cost more than the attention of a small step). Wall-
 A step runs from one forward's start to the next's (the last: to its own end). Its parts:
   attention  = QuestPaged's time for its decode requests (summaries, selection, attention)
   cache      = PagedAttentionCache.update
-  prefill    = the prefill chunks' attention + their tokens' share of the rest of the model
+  prefill    = the prefill chunks' attention and summary writes + their tokens' share of the
+               rest of the model
   model_rest = forward - attention - cache - prefill chunks' attention - that share
   python     = step - forward (scheduling, input preparation, sampling, outputs)
 which sum to the step. The prefill tokens' share of the rest (embeddings, projections, MLP,
