@@ -88,9 +88,11 @@ def test_glance_highlights_the_recommended_setting_not_the_fastest(frame, tmp_pa
     assert "Highlighted: the fastest page size and budget" in plain
 
 
-def _fidelity_only(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def fidelity_only(tmp_path_factory):
     """A synthetic fidelity run on the CPU whose rows come a second after it starts (a real
-    model's load and capture come before any row); its directory."""
+    model's load and capture come before any row); its directory, which the tests only read
+    (one run for the module: 1.2 CPU-s and the 1.1 s wait each)."""
     import time
 
     from typer.testing import CliRunner
@@ -104,22 +106,23 @@ def _fidelity_only(tmp_path, monkeypatch):
         time.sleep(1.1)
         yield from real(*args, **kwargs)
 
-    monkeypatch.setattr(fidelity, "fidelity_rows", late)
-    out = tmp_path / "fid"
-    result = CliRunner().invoke(app, ["fidelity", "--source", "synthetic", "--scenario", "smoke",
-                                      "--lengths", "1k", "--steps", "2", "--page-size", "16",
-                                      "--budget", "64,128", "--backend", "numpy", "--out",
-                                      str(out)])
+    out = tmp_path_factory.mktemp("fidelity-only") / "fid"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(fidelity, "fidelity_rows", late)
+        result = CliRunner().invoke(app, ["fidelity", "--source", "synthetic", "--scenario",
+                                          "smoke", "--lengths", "1k", "--steps", "2",
+                                          "--page-size", "16", "--budget", "64,128", "--backend",
+                                          "numpy", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
 
 
-def test_a_fidelity_only_report_has_no_dead_parts(tmp_path, monkeypatch):
+def test_a_fidelity_only_report_has_no_dead_parts(fidelity_only):
     """Its navigation linked sections 1-7 that were not on the page, its glance spoke of
     crossovers, a CPU banner said "times are CPU times" over a page without a time."""
     import re
 
-    html = (_fidelity_only(tmp_path, monkeypatch) / "report.html").read_text(encoding="utf-8")
+    html = (fidelity_only / "report.html").read_text(encoding="utf-8")
     nav = re.search(r"<nav>(.*?)</nav>", html).group(1)
     anchors = re.findall(r'href="#([^"]+)"', nav)
     assert anchors == ["glance", "fidelity", "machine"]
@@ -130,12 +133,12 @@ def test_a_fidelity_only_report_has_no_dead_parts(tmp_path, monkeypatch):
     assert "frontier needs speed rows" not in html  # said once, in the glance's lede
 
 
-def test_a_fidelity_run_stamps_its_start_and_its_seconds(tmp_path, monkeypatch):
+def test_a_fidelity_run_stamps_its_start_and_its_seconds(fidelity_only):
     """meta.json said started = finished and job_seconds null for a 3.5-minute run."""
     import json
     from datetime import datetime
 
-    meta = json.loads((_fidelity_only(tmp_path, monkeypatch) / "meta.json").read_text())
+    meta = json.loads((fidelity_only / "meta.json").read_text())
     started, finished = (datetime.fromisoformat(meta[k]) for k in ("started", "finished"))
     assert (finished - started).total_seconds() >= 1
     assert meta["job_seconds"] >= 1.1

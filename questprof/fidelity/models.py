@@ -83,6 +83,23 @@ def _quiet_gguf():
             gguf.tqdm = bar
 
 
+@contextmanager
+def _read_gguf_once():
+    """transformers reads a GGUF file's metadata once for the config, once for the weights and
+    once for the tokenizer, and builds gguf's tensor name map once per module (397 times for
+    SmolLM2-135M): inside the block each file is read and each map built once, the same objects
+    handed out again (read only). SmolLM2-135M loads in 7.5 CPU-s instead of 15.8 on the 2-core
+    CPU machine (2026-12-02), the same logits."""
+    import gguf
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = functools.lru_cache(maxsize=None)(reader)
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+
+
 def _from_path(path: Path):
     """(model, tokenizer) from a .gguf file or a transformers folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -91,7 +108,7 @@ def _from_path(path: Path):
     if path.is_dir():
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
     kw = {"gguf_file": path.name}
-    with _quiet_gguf():
+    with _quiet_gguf(), _read_gguf_once():
         return (AutoModelForCausalLM.from_pretrained(path.parent, **kw),
                 AutoTokenizer.from_pretrained(path.parent, **kw))
 
