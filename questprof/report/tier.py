@@ -17,8 +17,8 @@ LEDE = ("K and V pages in host memory, read over the host link: each stage's tim
         "it moves over the link (the byte model of the tier), and Quest's step against dense "
         "attention over the same tier. The pools are random: no step-to-step reuse, every chosen "
         "page crosses; the hit rate of an HBM page cache comes from a real model's replay.")
-NO_CEILINGS = ("No link ceilings in this run (measured on a GPU only; on the CPU the host is the "
-               "host and the link bytes are modelled).")
+NO_CEILINGS = ("No link ceilings in this run: sweep and bench measure them on a GPU (a byte check "
+               "does not; on the CPU the host is the host and the link bytes are modelled).")
 # one configuration: dense pairs with the Quest step of the same model and cache only
 KEY = ["model", "kv_dtype", "summary_dtype", "tp", "length", "batch", "page_size", "budget",
        "mode", "summary_tier", "hbm_pages"]
@@ -46,6 +46,8 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     speed = (dense / quest).rename("dense_over_quest").reset_index()
     ours = ours.merge(speed, on=key, how="left")
     ours["length"] = ours["length"].map(fmt_tokens)
+    for col in ("batch", "budget"):  # whole numbers, where a NaN elsewhere made them floats
+        ours[col] = ours[col].map(lambda v: int(v) if pd.notna(v) else "-")
     ours = ours.round({"us": 1, "link_mb": 1, "link_gbs": 1, "dense_over_quest": 2})
     ours["link_gbs"] = ours["link_gbs"].where(ours["link_bytes"] > 0, "-")  # nothing crossed
     for col in ("us", "link_gbs", "dense_over_quest"):  # a byte check's rows are untimed
@@ -76,7 +78,7 @@ def _measured_link(ours: pd.DataFrame) -> pd.DataFrame:
     model = pd.to_numeric(ours.get("link_read_bytes", ours["link_bytes"]), errors="coerce")
     ours["link_raw_mb"] = (raw / 1e6).round(1)
     ours["link_cal_mb"] = (calibrated / 1e6).round(1)
-    ratio = (calibrated / model).round(3)
+    ratio = (calibrated / model).round(4)  # 1.0003, where 3 places read as 1.0
     ours["link_ratio"] = ratio.where((model > 0) & calibrated.notna(), "-")
     for col in ("link_raw_mb", "link_cal_mb"):
         ours[col] = ours[col].astype(object).where(ours[col].notna(), "-")
