@@ -303,3 +303,14 @@ def tova(view: View, k: int, state: dict) -> Selection:
     kept = _keep_top(view, cand, view.mass(cand), k)
     state["kept"] = kept
     return _done(kept)
+
+
+def union_pages(sel, count, group: int) -> float:
+    """Mean distinct pages per (request, KV head) over the per-head selections sel [Hq, B, K]
+    (the first count[b] of request b's): what a KV head reads when its `group` q heads choose
+    apart (the sweep's pools, the serving loop's pages read)."""
+    sel, count = np.asarray(sel), np.asarray(count)
+    q_heads, batch, _ = sel.shape
+    sizes = [len(np.unique(sel[h:h + group, b, :count[b]]))
+             for h in range(0, q_heads, group) for b in range(batch)]
+    return float(np.mean(sizes))

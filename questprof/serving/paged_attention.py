@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from questprof.core.config import ConfigError
+from questprof.core.selection import union_pages
 from questprof.core.selectors import QUEST
 from questprof.fidelity.host_index import topk
 from questprof.fidelity.task_selectors import matmul_bound
@@ -183,12 +184,6 @@ def kept_tokens(sel: np.ndarray, pages: int, page_size: int, length: int) -> np.
     return np.repeat(keep, page_size, axis=1)[:, :length]
 
 
-def union_pages(sel: np.ndarray, kv_heads: int) -> float:
-    """Mean over KV heads of the pages its q heads chose together (what a KV head reads)."""
-    groups = sel.reshape(kv_heads, -1)
-    return float(np.mean([len(np.unique(g)) for g in groups]))
-
-
 def attend(q, k, v, keep, scaling: float):
     """Exact decode attention of q [Hq, d] over k, v [Hkv, L, d] (torch), only the tokens of
     keep [Hq, L] bool (every token when None); softmax in float32. Returns [Hq, d]."""
@@ -234,7 +229,9 @@ class HostDecode:
             return attend(item.q, item.k, item.v, None, scaling), float(pages)
         sel = select_pages(item.q.float().cpu().numpy().astype(np.float64), item.box, k_pages)
         keep = _as_tensor(kept_tokens(sel, pages, page_size, length), item.q.device)
-        return attend(item.q, item.k, item.v, keep, scaling), union_pages(sel, item.k.shape[0])
+        group = sel.shape[0] // item.k.shape[0]
+        read = union_pages(sel[:, None, :], [sel.shape[1]], group)
+        return attend(item.q, item.k, item.v, keep, scaling), read
 
 
 class QuestPaged:

@@ -18,7 +18,8 @@ import math
 import numpy as np
 
 from questprof.core.layout import PagedKV, to_storage
-from questprof.serving.paged_attention import Decode, union_pages
+from questprof.core.selection import union_pages
+from questprof.serving.paged_attention import Decode
 
 TORCH_DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
 
@@ -103,9 +104,5 @@ class StagesDecode:
         sel, count = self.backend.topk(scores, kv, k_pages)
         out, _ = self.backend.attention(q, kv, sel, count)
         chosen = np.asarray(self.backend.to_host(sel))  # [Hq, B, K], -1 past a short request
-        return out, [union_pages(_kept(chosen[:, j]), kv.kv_heads) for j in range(kv.batch)]
-
-
-def _kept(sel: np.ndarray) -> np.ndarray:
-    """A request's selection [Hq, K] without its -1 padding: [Hq, min(K, P)]."""
-    return np.stack([row[row >= 0] for row in sel])
+        count, group = np.asarray(self.backend.to_host(count)), chosen.shape[0] // kv.kv_heads
+        return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]

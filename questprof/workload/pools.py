@@ -21,6 +21,7 @@ from questprof.core.config import ConfigError
 from questprof.core.fp8 import kv_scale, to_e4m3
 from questprof.core.layout import (TILE, AppendPlan, PagedKV, append_plan, page_tables,
                                    random_queries, tiled, to_storage)
+from questprof.core.selection import union_pages
 from questprof.workload import peers
 
 POOL_FRACTION = 0.5  # simulated layers' pools take at most half the free device memory
@@ -140,15 +141,6 @@ def fit_reason(cfg, backend, layers: int) -> str | None:
     if free is None or need <= FREE_FRACTION * free:
         return None
     return f"does not fit in {'GPU' if backend.is_gpu else 'host'} memory"
-
-
-def union_pages(sel, count, group: int) -> float:
-    """Mean distinct pages per (request, KV head) over the per-head selections sel [Hq, B, K]."""
-    sel, count = np.asarray(sel), np.asarray(count)
-    q_heads, batch, _ = sel.shape
-    sizes = [len(np.unique(sel[h:h + group, b, :count[b]]))
-             for h in range(0, q_heads, group) for b in range(batch)]
-    return float(np.mean(sizes))
 
 
 def _device_plan(backend, plan: AppendPlan) -> AppendPlan:
