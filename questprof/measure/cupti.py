@@ -280,7 +280,9 @@ def sum_metrics(samples, positions) -> tuple[float, ...]:
 
 
 def _interval(seconds: float) -> int:
-    """Sampling interval that keeps the padded window within MAX_SAMPLES / 2 samples."""
+    """Sampling interval that keeps a padded window of `seconds` within MAX_SAMPLES / 2 samples:
+    what the process's first window configures with (available() configures at INTERVAL_NS); a
+    later window keeps that interval (_configure) and, longer than it holds, raises (check_span)."""
     need = seconds * 1e9 / (MAX_SAMPLES / 2 - 2 * PAD_INTERVALS)
     return max(INTERVAL_NS, int(math.ceil(need / INTERVAL_NS)) * INTERVAL_NS)
 

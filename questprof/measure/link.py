@@ -176,7 +176,8 @@ def stage_bytes(launch: Callable[[int], object], calls: int, calibration: Calibr
     if pass_ms is None:
         pass_ms = ceilings.median_ms(rotation, repeats=3, warmup=1)
     repeats = dram.repeats_for(rotation, seconds, pass_ms)
-    # the window's interval follows its real length: a pass over the link can take 0.1-1 s
+    # a pass over the link can take 0.1-1 s: a window longer than the process's one interval
+    # holds raises (measure.cupti.check_span) and the row says why
     expected = max(seconds, repeats * pass_ms * 1e-3)
     with dram.replayed(rotation) as replay:
         raw = measure(replay, repeats, expected, calibration.idle_rate) / calls
