@@ -211,8 +211,11 @@ def _link_rho(rows: list[dict], cfg, source: str, union) -> list[dict]:
     if quest is None or not dense:
         return []
     modelled = tier.link_rho(cfg, union_pages=union, fetch="zero-copy")  # read in place
+    text = "link G x K/P" if cfg.mode == "per-head" else "link K/P"  # each q head's own pages
+    if tier.summary_tier(cfg) == "host":
+        text += " + summaries"
     return [{"config": label(rows[0]), "source": f"{source}-link", "rho_measured": quest / dense,
-             "rho_formula": modelled, "rho_model": modelled, "rho_text": "link K/P",
+             "rho_formula": modelled, "rho_model": modelled, "rho_text": text,
              "rho_unmodelled": 0.0}]
 
 
