@@ -47,6 +47,10 @@ constexpr int EST_NTILE_BLOCKS[] = {4, 3};
 // topk.cu: one CTA per (request, head) of one of these sizes, picked at launch by the rows and
 // their length (backends/variants.py, topk_threads) or by QP_TUNE tk_threads.
 constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
+// topk.cu: keys per thread of the register form (select_small), built at every CTA size; 0 is
+// the shared-memory form (select_row). Picked at launch by the rows and their length
+// (backends/variants.py, topk_form) or by QP_TUNE tk_keys.
+constexpr int TK_REG_KEYS[] = {0, 4, 16};
 
 // attention.cu and attention_tile.cuh.
 constexpr int ATT_WARPS = 4;

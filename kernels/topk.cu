@@ -20,18 +20,18 @@
 #include "params.cuh"
 #include "topk.cuh"
 
-// grid (B, Hs), NT threads (TK_THREAD_OPTIONS); dynamic shared memory = pages * 4 bytes when
-// `cached`, at least k_pages * 16 for a dynamic budget (rule, DynamicRule in topk.cuh): count is
-// then [Hs, B], one per row, else [B].
+// grid (B, Hs), NT threads (TK_THREAD_OPTIONS); R > 0 (TK_REG_KEYS): rows of at most NT x R
+// pages select with their keys in registers (select_small), longer ones as R 0 does. R 0:
+// dynamic shared memory = pages * 4 bytes when `cached`; at least k_pages * 16 for a dynamic
+// budget (rule, DynamicRule in topk.cuh): count is then [Hs, B], one per row, else [B].
 // The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
 // kernels/common.cuh, load16_ro).
-template <int NT>
+template <int NT, int R>
 QP_DEVICE void topk_run(const float* __restrict__ scores, const int* __restrict__ indptr,
                         int* __restrict__ sel, int* __restrict__ count, int batch, int nnz,
                         int k_pages, int sinks, int window, int cached, int rule, double param,
-                        double scaling) {
+                        double scaling, TopkShared& sh, SmallShared* small) {
   extern __shared__ uint4 dyn[];  // uint4: the compaction reads keys 16 bytes at a time
-  __shared__ TopkShared sh;
   const int b = blockIdx.x, h = blockIdx.y;
   // page tables: ready before estimate
   const int start = __ldg(indptr + b), pages = __ldg(indptr + b + 1) - start;
@@ -42,19 +42,36 @@ QP_DEVICE void topk_run(const float* __restrict__ scores, const int* __restrict_
   if (rule == RULE_FIXED && h == 0 && threadIdx.x == 0) count[b] = min(k_pages, pages);
   const float* row = scores + (size_t)h * nnz + start;
   int* out = sel + ((size_t)h * batch + b) * k_pages;
-  select_row<NT>(row, cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages, sinks,
-                 window, out, sh);
+  if (R > 0 && pages <= NT * R)
+    select_small<NT, (R > 0 ? R : 1)>(row, pages, k_pages, sinks, window, out, *small);
+  else
+    select_row<NT>(row, cached ? reinterpret_cast<uint32_t*>(dyn) : nullptr, pages, k_pages,
+                   sinks, window, out, sh);
   if (rule == RULE_FIXED) return;
   const int n = dynamic_select<NT>(row, pages, k_pages, {rule, param, scaling}, out, dyn, sh);
   if (threadIdx.x == 0) count[(size_t)h * batch + b] = n;
 }
 
+// select_small's shared memory and dynamic_select's, which runs after it (its first barrier
+// ends every read of the first).
+union SmallOrRow {
+  TopkShared row;
+  SmallShared small;
+};
+
 // p: kernels/params.cuh (TopkParams).
-template <int NT>
+template <int NT, int R>
 __global__ void __launch_bounds__(NT)
 topk_kernel(const TopkParams p) {
-  topk_run<NT>(p.scores, p.cache.indptr, p.sel, p.count, p.cache.batch, p.nnz, p.k_pages, p.sinks,
-               p.window, p.cached, p.rule, p.param, p.scaling);
+  if constexpr (R > 0) {
+    __shared__ SmallOrRow sh;
+    topk_run<NT, R>(p.scores, p.cache.indptr, p.sel, p.count, p.cache.batch, p.nnz, p.k_pages,
+                    p.sinks, p.window, p.cached, p.rule, p.param, p.scaling, sh.row, &sh.small);
+  } else {
+    __shared__ TopkShared sh;
+    topk_run<NT, R>(p.scores, p.cache.indptr, p.sel, p.count, p.cache.batch, p.nnz, p.k_pages,
+                    p.sinks, p.window, p.cached, p.rule, p.param, p.scaling, sh, nullptr);
+  }
 }
 
 #ifdef QP_INSTANTIATE_ALL  // CI compiles every variant (tests/test_kernels_compile.py)
@@ -62,10 +79,10 @@ topk_kernel(const TopkParams p) {
 namespace qp_instantiate {
 // Every thread count once (CI's head-dim parts build it in the first one only).
 struct Topk {
-  template <int NT> static void run() {
-    if constexpr (builds_head_dim(QP_HEAD_DIMS[0])) (void)&topk_kernel<NT>;
+  template <int NT, int R> static void run() {
+    if constexpr (builds_head_dim(QP_HEAD_DIMS[0])) (void)&topk_kernel<NT, R>;
   }
 };
-void topk_all() { Cross<Topk>::run<TK_THREAD_OPTIONS>(); }
+void topk_all() { Cross<Topk>::run<TK_THREAD_OPTIONS, TK_REG_KEYS>(); }
 }  // namespace qp_instantiate
 #endif

@@ -23,6 +23,24 @@ struct Row {
 
 struct TopkShared { uint32_t hist[TK_BINS], warp_sums[64], state[3]; };
 
+// Phase stamps of thread 0 of each CTA (clock64) for tools/topk_latency.py, in a -DTK_TRACE
+// build only: slot 0 the kernel's start, 1 the keys loaded, 2 the key range, 3-6 each pass of
+// the range select, 7 the compaction. Empty in every other build.
+#ifdef TK_TRACE
+constexpr int TK_TRACE_CTAS = 1024, TK_TRACE_SLOTS = 16;
+__device__ long long tk_trace[TK_TRACE_CTAS * TK_TRACE_SLOTS];
+#define TK_STAMP(i)                                                                \
+  do {                                                                             \
+    const int cta_ = blockIdx.y * gridDim.x + blockIdx.x;                          \
+    if (threadIdx.x == 0 && cta_ < TK_TRACE_CTAS)                                  \
+      tk_trace[cta_ * TK_TRACE_SLOTS + (i)] = clock64();                           \
+  } while (0)
+#else
+#define TK_STAMP(i) \
+  do {              \
+  } while (0)
+#endif
+
 // Exclusive prefix sum of `x` over the CTA in thread order; *total gets the sum.
 template <int NT>
 QP_DEVICE uint32_t block_exclusive_scan(uint32_t x, uint32_t* total, uint32_t* warp_sums) {
@@ -182,13 +200,177 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
     }
     __syncthreads();  // keys are read by every thread from here on
   }
+  TK_STAMP(1);
   row.keys = keys;
   uint32_t rem = k_pages - sinks - row.window, lo = 0xffffffffu, hi = 0xffffffffu;
   if (rem > 0) {  // else only reserved pages: the empty rank test below takes none of [lo, hi]
     key_range<NT>(row, &lo, &hi, sh.warp_sums);
-    while (!narrow<NT>(row, &lo, &hi, &rem, sh)) {}
+    TK_STAMP(2);
+    for (int pass = 0;; ++pass) {
+      const bool settled = narrow<NT>(row, &lo, &hi, &rem, sh);
+      TK_STAMP(3 + min(pass, 3));
+      if (settled) break;
+    }
   }
   compact<NT>(row, lo, hi, rem, out, sh.warp_sums);
+  TK_STAMP(7);
+}
+
+// Rows of at most NT x R pages, their keys in registers: thread t holds positions [t R, t R + R),
+// so the compaction's one scan yields ascending positions as compact's does. The same range
+// select (bins, passes, ties) as select_row, so the same pages, in a shorter chain: 16-byte
+// loads of the scores, no keys in shared memory, two histograms that alternate (a pass zeroes
+// the next one's), the warps' partial sums read as 16-byte words by every thread rather than
+// scanned by one warp: 3 barriers a pass, 1 for the range, 1 for the compaction (select_row:
+// about 17 for a 2048-page row of 2 passes). H200, 2026-12-02, tools/topk_latency.py: 2048-page
+// rows 3.96 us per launch at 512 x 4 against 5.04 for select_row; 8192-page rows at 512 x 16
+// 8.96 against 9.94 at 64 rows, slower at 256 rows (notes/KERNELS.md). Once per CTA.
+struct SmallShared {
+  uint32_t hist[2][TK_BINS];
+  __align__(16) uint32_t red[2][32];
+  __align__(16) uint32_t warps[2][32];
+  __align__(16) uint32_t scan[32];
+  uint32_t state[2][3];
+};
+
+// Sum of the first `n` of the NW words of `words` (16-byte reads; every thread of the CTA).
+template <int NW>
+QP_DEVICE uint32_t sum_before(const uint32_t* words, int n) {
+  uint32_t total = 0;
+#pragma unroll
+  for (int i = 0; i < NW; i += 4) {
+    const uint4 v = *reinterpret_cast<const uint4*>(words + i);
+    total += (i < n ? v.x : 0u) + (i + 1 < n ? v.y : 0u) + (i + 2 < n ? v.z : 0u) +
+             (i + 3 < n ? v.w : 0u);
+  }
+  return total;
+}
+
+template <int NT, int R>
+QP_DEVICE void select_small(const float* scores, int pages, int k_pages, int sinks, int window,
+                            int* __restrict__ out, SmallShared& sh) {
+  constexpr int NW = NT / 32, PER = TK_BINS / NT;
+  static_assert(NW % 4 == 0 && NW <= 32 && TK_BINS % NT == 0, "16-byte reads of warp words");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int chosen = min(k_pages, pages);
+  for (int p = chosen + threadIdx.x; p < k_pages; p += NT) out[p] = -1;
+  if (pages <= k_pages) {  // every page is chosen
+    for (int p = threadIdx.x; p < pages; p += NT) out[p] = p;
+    return;
+  }
+  window = max(window, 1);
+  const int p0 = threadIdx.x * R;
+  float f[R];
+  if (R % 4 == 0 && (reinterpret_cast<size_t>(scores) & 15) == 0 && p0 + R <= pages) {
+#pragma unroll
+    for (int j = 0; j < R; j += 4) {
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(scores + p0 + j));
+      f[j] = x.x; f[j + 1] = x.y; f[j + 2] = x.z; f[j + 3] = x.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < R; ++j) f[j] = p0 + j < pages ? __ldcg(scores + p0 + j) : 0.f;
+  }
+  uint32_t key[R], live = 0, kept = 0;  // bits j: an unreserved / a reserved page at p0 + j
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    const int p = p0 + j;
+    key[j] = order_key(f[j]);
+    if (p < pages) {
+      if (p < sinks || p >= pages - window) kept |= 1u << j;
+      else live |= 1u << j;
+    }
+  }
+  for (int i = threadIdx.x; i < TK_BINS; i += NT) sh.hist[0][i] = 0;
+  TK_STAMP(1);
+  uint32_t rem = k_pages - sinks - window, lo = 0xffffffffu, hi = 0xffffffffu;
+  if (rem > 0) {  // else only reserved pages: the rank test below takes none of [lo, hi]
+    uint32_t kmin = 0xffffffffu, kmax = 0;
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (live >> j & 1u) { kmin = min(kmin, key[j]); kmax = max(kmax, key[j]); }
+    kmin = __reduce_min_sync(0xffffffffu, kmin);
+    kmax = __reduce_max_sync(0xffffffffu, kmax);
+    if (lane == 0) { sh.red[0][warp] = kmin; sh.red[1][warp] = kmax; }
+    __syncthreads();  // the warps' ranges; hist[0] zeroed
+#pragma unroll
+    for (int w = 0; w < NW; w += 4) {
+      const uint4 a = *reinterpret_cast<const uint4*>(sh.red[0] + w);
+      const uint4 z = *reinterpret_cast<const uint4*>(sh.red[1] + w);
+      lo = min(lo, min(min(a.x, a.y), min(a.z, a.w)));
+      hi = w == 0 ? max(max(z.x, z.y), max(z.z, z.w)) : max(hi, max(max(z.x, z.y), max(z.z, z.w)));
+    }
+    TK_STAMP(2);
+    for (int pass = 0;; ++pass) {
+      const int b = pass & 1;
+      const int s = max(0, (32 - __clz(hi - lo)) - TK_BITS);
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if ((live >> j & 1u) && key[j] >= lo && key[j] <= hi)
+          atomicAdd(sh.hist[b] + ((key[j] - lo) >> s), 1u);
+      for (int i = threadIdx.x; i < TK_BINS; i += NT) sh.hist[b ^ 1][i] = 0;
+      __syncthreads();  // the histogram is complete
+      const int top = TK_BINS - 1 - PER * threadIdx.x;  // bins from the largest keys down
+      uint32_t h[PER], mine = 0;
+#pragma unroll
+      for (int j = 0; j < PER; ++j) { h[j] = sh.hist[b][top - j]; mine += h[j]; }
+      uint32_t incl = mine;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      if (lane == 31) sh.warps[b][warp] = incl;
+      __syncthreads();  // every warp's count
+      uint32_t above = incl - mine + sum_before<NW>(sh.warps[b], warp);
+      if (above < rem && rem <= above + mine) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+          if (above < rem && rem <= above + h[j]) {
+            sh.state[b][0] = top - j;
+            sh.state[b][1] = rem - above;
+            sh.state[b][2] = h[j];
+          }
+          above += h[j];
+        }
+      }
+      __syncthreads();  // the bin is known
+      const uint32_t bin = sh.state[b][0], need = sh.state[b][1], count = sh.state[b][2];
+      const uint32_t new_lo = lo + (bin << s);
+      hi = (uint32_t)min((unsigned long long)hi, (unsigned long long)new_lo + (1ull << s) - 1);
+      lo = new_lo;
+      rem = need;
+      TK_STAMP(3 + min(pass, 3));
+      if (need == count || s == 0) break;
+    }
+  }
+  uint32_t take = 0, eq = 0;
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    if (kept >> j & 1u) take |= 1u << j;
+    else if (live >> j & 1u) {
+      if (key[j] > hi) take |= 1u << j;
+      else if (key[j] >= lo) eq |= 1u << j;
+    }
+  }
+  // One scan of (taken, tied) counts packed 16 | 16 bits (a row of at most 65535 pages).
+  const uint32_t packed = (__popc(take) << 16) | __popc(eq);
+  uint32_t incl = packed;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) sh.scan[warp] = incl;
+  __syncthreads();
+  const uint32_t before = incl - packed + sum_before<NW>(sh.scan, warp);
+  uint32_t rank = before & 0xffffu, slot = (before >> 16) + min(rank, rem);
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    if (eq >> j & 1u) { if (rank < rem) out[slot++] = p0 + j; ++rank; }
+    else if (take >> j & 1u) out[slot++] = p0 + j;
+  }
+  TK_STAMP(7);
 }
 
 // Dynamic budgets (quest-gap:t, quest-topp:p; core/selection.py gap, top_p): after select_row has

@@ -112,7 +112,7 @@ def test_cupy_backend_holds_no_copy_of_a_kernel_constant():
         for gone in ("ATT_PIPE", "EST_BLOCKS_PER_SM"):
             assert gone not in assigned, f"{path.name} still defines {gone}"
     text = "".join(p.read_text(encoding="utf-8") for p in LAUNCHER)
-    for name in ("TK_THREAD_OPTIONS", "ATT_WARPS", "ATT_LOADS", "ATT_STAGES",
+    for name in ("TK_THREAD_OPTIONS", "TK_REG_KEYS", "ATT_WARPS", "ATT_LOADS", "ATT_STAGES",
                  "EST_WARPS", "EST_NTILES", "EST_NTILE_BLOCKS", "QP_MEASURED_HEAD_DIMS",
                  "QP_MEASURED_GROUPS", "SUM_THREADS"):
         assert name in text, f"the launcher no longer uses {name}"
@@ -169,8 +169,8 @@ def test_instantiated_variants_are_the_constants(objects):
     want |= {(tag[q], tag[q], d, c) for (q, c), d in itertools.product(boxed, dims)
              if variants.boxes_built(d, c)}
     assert _instances(objects("summary.cu"), "summary_kernel") == want
-    assert _instances(objects("topk.cu"), "topk_kernel") == {
-        (n,) for n in variants.TK_THREAD_OPTIONS}
+    assert _instances(objects("topk.cu"), "topk_kernel") == set(
+        itertools.product(variants.TK_THREAD_OPTIONS, variants.TK_REG_KEYS))
 
 
 def test_attention_shared_memory_and_tile_are_the_kernels(tmp_path):

@@ -279,6 +279,25 @@ def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
         assert run.stages == (int(tune[-1]) if tune else constants.per_group("ATT_STAGES", tile))
 
 
+@pytest.mark.parametrize("rows,pages,want", [(32, 2048, (512, 4)), (8, 2049, (512, 16)),
+                                             (64, 8192, (512, 16)), (32, 8193, (1024, 0)),
+                                             (133, 2048, (512, 0)), (256, 8192, (512, 0))])
+def test_topk_form_follows_the_rows(monkeypatch, rows, pages, want):
+    """Keys in registers on 512 threads for rows that fit one wave (132 SMs) and 512 x 16 keys,
+    the smallest count of keys per thread that holds the row; the shared-memory form (0) past
+    either; QP_TUNE tk_threads and tk_keys override the rule, a bad tk_keys is named."""
+    monkeypatch.delenv("QP_TUNE", raising=False)
+    assert variants.topk_form(rows, pages, 132) == want
+    monkeypatch.setenv("QP_TUNE", "tk_keys=0")
+    assert variants.topk_form(rows, pages, 132) == (want[0] if want[1] else want[0], 0)
+    monkeypatch.setenv("QP_TUNE", "tk_threads=256")
+    assert variants.topk_form(rows, pages, 132) == (256, 16 if pages <= 4096 and rows <= 132
+                                                    else 0)
+    monkeypatch.setenv("QP_TUNE", "tk_keys=8")
+    with pytest.raises(ValueError, match="tk_keys=8"):
+        variants.topk_form(rows, pages, 132)
+
+
 @pytest.mark.parametrize("rows,pages,want", [(32, 2048, 512), (4, 2048, 512), (32, 8192, 1024),
                                              (128, 8192, 1024), (256, 8192, 512),
                                              (512, 8192, 512)])

@@ -142,11 +142,12 @@ def run_topk(scores, kv: PagedKV, cache, k_pages: int, sinks: int = 0, window: i
     heads, batch = int(scores.shape[0]), kv.batch
     sel = cupy.empty((heads, batch, k_pages), dtype=cupy.int32)
     count = cupy.empty((heads, batch) if rule.code else batch, dtype=cupy.int32)
-    keys = max(kv.pages()) * 4
-    cached = keys <= TK_SMEM_LIMIT
+    pages = max(kv.pages())
+    threads, regs = variants.topk_form(heads * batch, pages, _sm_count())
+    keys = 0 if threads * regs >= pages else pages * 4  # in registers, or in shared memory
+    cached = 0 < keys <= TK_SMEM_LIMIT
     smem = max(keys if cached else 0, rule.shared_bytes(k_pages))
-    threads = variants.topk_threads(heads * batch, max(kv.pages()), _sm_count())
-    kernel = load_kernel("topk", f"topk_kernel<{threads}>", launch.defines("topk"))
+    kernel = load_kernel("topk", f"topk_kernel<{threads}, {regs}>", launch.defines("topk"))
     kernel.max_dynamic_shared_size_bytes = smem
     p = params.pack(params.TOPK, cache=cache, scores=cupy.ascontiguousarray(scores), sel=sel,
                     count=count, nnz=int(kv.kv_indices.size), k_pages=k_pages, sinks=sinks,

@@ -26,7 +26,8 @@ PAGE_SIZES = _C["QP_PAGE_SIZES"]
 MEASURED_HEAD_DIMS, MEASURED_GROUPS = _C["QP_MEASURED_HEAD_DIMS"], _C["QP_MEASURED_GROUPS"]
 MEASURED_PAGE_SIZES = _C["QP_MEASURED_PAGE_SIZES"]
 BOXES, BOX_HEAD_DIMS = _C["QP_BOXES"], _C["QP_BOX_HEAD_DIMS"]  # quest-boxes:c builds
-TK_THREAD_OPTIONS = _C["TK_THREAD_OPTIONS"]  # topk.cu's builds
+TK_THREAD_OPTIONS = _C["TK_THREAD_OPTIONS"]  # topk.cu's builds: threads
+TK_REG_KEYS = _C["TK_REG_KEYS"]  # and keys per thread of the register form (0: shared memory)
 EST_WARPS, EST_NTILES = _C["EST_WARPS"], _C["EST_NTILES"]  # estimate.cu's tensor-core build
 EST_TILE_ROWS = 16  # rows (boxes of pages) of one mma tile of the estimate
 ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
@@ -200,6 +201,8 @@ class Tuning:
     merge: a row's last split merges: "old" (dependent rounds of loads), "wide" (every lse, then
     float4 partials, independent loads) or "auto" (wide for dense rows of >= WIDE_MERGE_SPLITS).
     tk_threads: threads of a top-K CTA (one of TK_THREAD_OPTIONS); 0 = the rule of topk_threads.
+    tk_keys: keys per thread of top-K's register form (one of TK_REG_KEYS; 0 = the shared-memory
+    form); -1 = the rule of topk_form.
     """
 
     split: str = "ctas"
@@ -208,6 +211,7 @@ class Tuning:
     stages: int = 0
     merge: str = "auto"
     tk_threads: int = 0
+    tk_keys: int = -1
 
     def __post_init__(self) -> None:
         if self.split not in SPLIT_RULES:
@@ -220,6 +224,9 @@ class Tuning:
         if self.tk_threads and self.tk_threads not in TK_THREAD_OPTIONS:
             raise ValueError(f"QP_TUNE tk_threads={self.tk_threads}: expected one of "
                              f"{TK_THREAD_OPTIONS} (0: by the rows)")
+        if self.tk_keys != -1 and self.tk_keys not in TK_REG_KEYS:
+            raise ValueError(f"QP_TUNE tk_keys={self.tk_keys}: expected one of {TK_REG_KEYS} "
+                             "(0: keys in shared memory)")
         if self.ctas < 0 or self.value < 0 or (self.split != "ctas" and self.value < 1):
             raise ValueError(f"QP_TUNE: ctas must be >= 0 and value >= 1 for split "
                              f"{self.split!r} (got ctas={self.ctas}, value={self.value})")
@@ -232,7 +239,8 @@ class Tuning:
                  f"{self.split} {_k(self.value)}" + (f" ({ctas})" if self.ctas else ""))
         return (split + (f", stages {self.stages}" if self.stages else "")
                 + ("" if self.merge == "auto" else f", merge {self.merge}")
-                + (f", top-K {self.tk_threads} threads" if self.tk_threads else ""))
+                + (f", top-K {self.tk_threads} threads" if self.tk_threads else "")
+                + (f", top-K {self.tk_keys} keys per thread" if self.tk_keys >= 0 else ""))
 
 
 def _k(n: int) -> str:
@@ -284,6 +292,33 @@ def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) 
     if chosen:
         return chosen
     return TK_THREAD_OPTIONS[-1] if pages > TK_LONG_ROW and rows <= sms else TK_THREAD_OPTIONS[1]
+
+
+
+# Rows that fit one wave of CTAs (rows <= SMs) select with their keys in registers, on 512
+# threads, where a row fits 512 x 16 keys; more rows keep the shared-memory form, whose
+# compaction is cheaper per row at a full wave. H200, 2026-12-02 (tools/topk_latency.py, us per
+# launch in a graph, PDL): 32 x 2048 pages 4.06 against 5.06 (512 threads) in shared memory;
+# 64 x 8192 8.96 against 9.94 (1024); 256 x 8192 16.84 against 14.65 (512).
+TK_REG_THREADS = 512
+
+
+def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
+    """(threads, keys per thread) of topk_kernel for `rows` rows of at most `pages` pages: keys
+    0 for the shared-memory form. QP_TUNE's tk_threads and tk_keys override the rule."""
+    tuning = tuning or current_tuning()
+    fits = [r for r in TK_REG_KEYS if r]
+    one_wave = rows <= sms
+    if tuning.tk_threads:
+        threads = tuning.tk_threads
+    elif one_wave and pages <= TK_REG_THREADS * fits[-1]:
+        threads = TK_REG_THREADS
+    else:  # the shared-memory form, on the CTA size topk_threads gives it
+        threads, one_wave = topk_threads(rows, pages, sms, tuning), False
+    if tuning.tk_keys >= 0:
+        return threads, tuning.tk_keys
+    keys = [r for r in fits if threads * r >= pages]
+    return threads, keys[0] if keys and one_wave else 0
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
