@@ -25,6 +25,10 @@ META = "meta.json"
 
 # Link bytes counted over the host tier (commands/link_bytes.py), or why not (link_reason)
 LINK_MEASURED = ("measured_link_bytes", "calibrated_link_bytes", "link_factor", "link_reason")
+# An HBM page cache replaying a selection sequence (workload/replay.py): the device's counts of
+# the timed steps, the replayed miss rate of the same steps, the misses' link bytes per layer
+CACHE_REPLAYED = ("cache_steps", "cache_hits", "cache_misses", "cache_miss_rate",
+                  "replayed_miss_rate", "cache_link_bytes", "reuse_source", "reuse_overlap")
 COLUMNS = (
     "scenario", "model", "layers", "q_heads", "kv_heads", "head_dim", "dtype", "length", "batch",
     "page_size", "budget", "k_pages", "pages", "mode", "seed", "config_key", "stage", "impl",
@@ -33,7 +37,7 @@ COLUMNS = (
     "measured_write_bytes", "bytes_source", "bytes_ratio", "rho_formula", "rho_model",
     "sm_clock_mhz", "mem_clock_mhz", "throttled", "sim_layers", "status", "reason", "note",
     "kv_tier", "summary_tier", "hbm_pages", "link_bytes", "tier_hbm_bytes", "miss_rate",
-    "link_read_bytes", "tier_hbm_read_bytes", *LINK_MEASURED,
+    "link_read_bytes", "tier_hbm_read_bytes", *LINK_MEASURED, *CACHE_REPLAYED,
 )
 TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
                  "mem_clock_mhz", "throttled")
