@@ -201,3 +201,21 @@ def test_a_trace_for_another_shape_is_one_line_and_exit_2(tmp_path):
     assert got.exit_code == 2, got.output
     lines = [line for line in got.output.splitlines() if "reuse trace" in line]
     assert len(lines) == 1 and "this configuration has" in lines[0]
+
+
+def test_the_report_shows_hit_rate_against_c_and_the_model(tmp_path):
+    from questprof.report import tier as report_tier
+
+    got, out = _sweep(tmp_path, "--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap",
+                      "0.8", "--reuse-steps", "8")
+    assert got.exit_code == 0, got.output
+    df, meta = results.load(out)
+    html = report_tier.section(df, meta)
+    assert "HBM page cache, replayed selections" in html and "hit rate (device)" in html
+    assert "synthetic overlap 0.8" in html
+    meta = {**meta, "link_ceilings": {"zero_copy_gbs": 50.0, "copy_gbs": 55.0},
+            "ceilings": {"read_gbs": 4000.0}}
+    rows = df[df["stage"] == "attention"]
+    us = report_tier._model_us(rows, meta).iloc[0]
+    r = rows.iloc[0]
+    assert us == pytest.approx(1e6 * (r["link_bytes"] / 50e9 + r["tier_hbm_bytes"] / 4000e9))

@@ -162,10 +162,11 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: d
 
 
 def _replayed(work: Workload, stage: str, replay: CacheReplay) -> dict:
-    """A replayed stage's cache counts and, at the replayed miss rate, its tier bytes."""
+    """A replayed stage's cache counts and, at the replayed miss rate, its tier bytes (the
+    misses written to the cache's slots in HBM and read there: core/tier.py's gather)."""
     got = replay.fields()
     miss = got["replayed_miss_rate"]
-    return {**got, **tier_fields(work.cfg, stage, work.union, miss_rate=miss)}
+    return {**got, **tier_fields(work.cfg, stage, work.union, miss, fetch="gather")}
 
 
 def _link(work: Workload, stage: str, state: RunState, median_ms: float) -> dict:
