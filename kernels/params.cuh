@@ -70,6 +70,26 @@ struct GatherParams {
   int page_words;             // S * d * bytes / 16
 };
 
+// page_cache.cu: both launches of the HBM page cache's step (page_cache_step, page_cache_fill).
+// Tables per (request, KV head) row = h * B + b; slot s of row (b, h) is [b * C + s][h] of the slots.
+struct PageCacheParams {
+  PagedCache cache;           // the host tier's pool: k, v in mapped host memory, page tables
+  void* k_slots;              // [B * C, Hkv, page_words] the cache's K pages in HBM
+  void* v_slots;              // [B * C, Hkv, page_words]
+  const int* sel;             // [steps, Hkv, B, K] each step's positions, ascending, -1 padded
+  int* slot_sel;              // [Hkv, B, K] out: the step's chosen slots (-1 where sel is)
+  int* slot_page;             // [Hkv, B, C] the position each slot holds, -1 free
+  int* slot_stamp;            // [Hkv, B, C] the step that last chose it
+  int* resident;              // [Hkv, nnz] the slot of each page position, -1 none
+  int* clock;                 // [Hkv, B] steps run; step t reads sel[(t - 1) % steps]
+  int* fetch;                 // [Hkv, B, K] out: positions of the step's misses
+  int* fetch_slot;            // [Hkv, B, K] out: their slots
+  int* step_counts;           // [Hkv, B, 2] out: the step's hits and misses
+  long long* total_counts;    // [Hkv, B, 2] hits and misses since the host last zeroed them
+  int steps, k_pages, capacity, nnz;
+  int page_words;             // S * d * bytes / 16
+};
+
 // attention.cu: out [B, Hq, d] and lse [B, Hq] over all pages (sel null) or a selection.
 struct AttentionParams {
   PagedCache cache;

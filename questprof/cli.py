@@ -164,6 +164,15 @@ def sweep(
     summary_tier: Annotated[Optional[str], typer.Option(help=default(SUMMARY_TIER_HELP, "hbm"))]
         = None,
     hbm_pages: Annotated[Optional[int], typer.Option(help=default(HBM_PAGES_HELP, 0))] = None,
+    reuse_overlap: Annotated[Optional[float], typer.Option(help=(
+        "Time attention and the Quest step through the HBM page cache (--kv-tier host "
+        "--hbm-pages C) over a synthetic selection sequence keeping this share of each step's "
+        "pages (questprof reuse measures it on a real model)"))] = None,
+    reuse_trace: Annotated[Optional[str], typer.Option(help=(
+        "As --reuse-overlap, over the selections of a trace file (.npz, "
+        "core/reuse_trace.save) made for this shape"))] = None,
+    reuse_steps: Annotated[Optional[int], typer.Option(help=default(
+        "Decode steps of the synthetic trace (replays wrap around)", 64))] = None,
 ) -> None:
     """Time every Quest stage over a grid; write results.parquet, meta.json and report.html."""
     options = {k: v for k, v in locals().items() if k not in ("out_dir", "resume")}

@@ -25,6 +25,10 @@ META = "meta.json"
 
 # Link bytes counted over the host tier (commands/link_bytes.py), or why not (link_reason)
 LINK_MEASURED = ("measured_link_bytes", "calibrated_link_bytes", "link_factor", "link_reason")
+# An HBM page cache replaying a selection sequence (workload/replay.py): the device's counts of
+# the timed steps, the replayed miss rate of the same steps, the misses' link bytes per layer
+CACHE_REPLAYED = ("cache_steps", "cache_hits", "cache_misses", "cache_miss_rate",
+                  "replayed_miss_rate", "cache_link_bytes", "reuse_source", "reuse_overlap")
 COLUMNS = (
     "scenario", "model", "layers", "q_heads", "kv_heads", "head_dim", "dtype", "length", "batch",
     "page_size", "budget", "k_pages", "pages", "mode", "seed", "config_key", "stage", "impl",
@@ -33,7 +37,7 @@ COLUMNS = (
     "measured_write_bytes", "bytes_source", "bytes_ratio", "rho_formula", "rho_model",
     "sm_clock_mhz", "mem_clock_mhz", "throttled", "sim_layers", "status", "reason", "note",
     "kv_tier", "summary_tier", "hbm_pages", "link_bytes", "tier_hbm_bytes", "miss_rate",
-    "link_read_bytes", "tier_hbm_read_bytes", *LINK_MEASURED,
+    "link_read_bytes", "tier_hbm_read_bytes", *LINK_MEASURED, *CACHE_REPLAYED,
 )
 TIMING_FIELDS = ("method", "median_ms", "p20_ms", "p80_ms", "p95_ms", "sm_clock_mhz",
                  "mem_clock_mhz", "throttled")
@@ -68,6 +72,7 @@ def make_row(cfg, stage: str, *, scenario: str, backend: str, impl: str = OURS,
            "bandwidth_gbs": read / (median * 1e-3) / 1e9 if read and median else None,
            "measured_read_bytes": None, "measured_write_bytes": None, "bytes_source": None,
            "bytes_ratio": None, **dict.fromkeys(LINK_MEASURED),
+           **dict.fromkeys(CACHE_REPLAYED),
            "rho_formula": model.rho(cfg.page_size, cfg.k_pages, cfg.pages,
                                     model.summary_ratio(cfg.model)),
            "rho_model": model.quest_rho(cfg, union), "sim_layers": layers,
@@ -92,21 +97,21 @@ def dram_read(row: dict) -> float | None:
 
 
 def tier_fields(cfg, stage: str, union: float | None = None,
-                miss_rate: float = tier.NO_REUSE) -> dict:
+                miss_rate: float = tier.NO_REUSE, fetch: str = "zero-copy") -> dict:
     """link_bytes (link_read_bytes of them read by the GPU) and tier_hbm_bytes
     (tier_hbm_read_bytes of them read) of a stage row
     over a host tier (core/tier.py), at `miss_rate`: the pools a run times are random, and
     random pages have no step-to-step reuse, so a timed row's chosen pages all miss
     (`questprof reuse` measures real reuse). None over HBM, and for stages the byte model
-    does not hold."""
+    does not hold. `fetch`: how the misses arrive (core/tier.py): sweep and bench read the host
+    tier's pages in place (zero-copy); an HBM page cache writes them to its slots, which
+    attention reads (gather)."""
     if tier.kv_tier(cfg) == "hbm" or stage not in ROW_STAGES:
         return {"link_bytes": None, "tier_hbm_bytes": None, "miss_rate": None,
                 "link_read_bytes": None, "tier_hbm_read_bytes": None}
-    # sweep and bench read the host tier's pages in place (workload/pools.py): zero-copy, no
-    # staging copy in HBM (the gather path runs in tools/host_tier_check.py only)
-    parts = (tier.quest_tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)
+    parts = (tier.quest_tier_bytes(cfg, miss_rate, fetch, union_pages=union)
              if stage == "quest" else
-             tier.tier_bytes(cfg, miss_rate, "zero-copy", union_pages=union)[stage])
+             tier.tier_bytes(cfg, miss_rate, fetch, union_pages=union)[stage])
     return {"link_bytes": parts.link, "tier_hbm_bytes": parts.hbm,
             "miss_rate": miss_rate if cfg.hbm_pages else None, "link_read_bytes": parts.link_read,
             "tier_hbm_read_bytes": parts.hbm_read}

@@ -11,8 +11,9 @@ from questprof.cli import app
 from questprof.commands import reuse as reuse_cmd
 from questprof.commands.reuse_args import ReuseArgs
 from questprof.core.config import ConfigError
+from questprof.core.page_cache import LRUPages
 from questprof.fidelity.capture import Capture
-from questprof.fidelity.reuse import LRUPages, kv_head_sets, layer_reuse, replay
+from questprof.fidelity.reuse import kv_head_sets, layer_reuse, replay
 
 
 def test_lru_evicts_the_least_recently_selected():

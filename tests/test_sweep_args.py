@@ -18,7 +18,7 @@ META_KEYS = ["scenario", "lengths", "batch", "page_size", "budget", "mode", "bac
              "repeats", "warmup", "graph", "bytes_source", "peers", "e2e", "e2e_budget",
              "e2e_page_size", "gpus", "fidelity", "fidelity_model", "kv_dtype", "summary_dtype",
              "kv_scale", "tp", "e2e_on", "budgets_file", "kv_tier", "summary_tier",
-             "hbm_pages"]
+             "hbm_pages", "reuse_overlap", "reuse_trace", "reuse_steps"]
 
 
 def run(*args):

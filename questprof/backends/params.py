@@ -41,9 +41,15 @@ ATTENTION = _struct([("cache", PAGED_CACHE), ("q", _P), ("sel", _P), ("count", _
                      ("merge", _I), ("scale_log2", _F)])
 GATHER = _struct([("cache", PAGED_CACHE), ("k_out", _P), ("v_out", _P), ("sel", _P),
                   ("k_pages", _I), ("page_words", _I)])
+PAGE_CACHE = _struct([("cache", PAGED_CACHE), ("k_slots", _P), ("v_slots", _P), ("sel", _P),
+                      ("slot_sel", _P), ("slot_page", _P), ("slot_stamp", _P), ("resident", _P),
+                      ("clock", _P), ("fetch", _P), ("fetch_slot", _P), ("step_counts", _P),
+                      ("total_counts", _P), ("steps", _I), ("k_pages", _I), ("capacity", _I),
+                      ("nnz", _I), ("page_words", _I)])
 # The C name of each struct (tests/test_params.py prints their layouts under these names).
 STRUCTS = {"PagedCache": PAGED_CACHE, "SummaryParams": SUMMARY, "EstimateParams": ESTIMATE,
-           "TopkParams": TOPK, "GatherParams": GATHER, "AttentionParams": ATTENTION}
+           "TopkParams": TOPK, "GatherParams": GATHER, "PageCacheParams": PAGE_CACHE,
+           "AttentionParams": ATTENTION}
 
 
 def address(array) -> int:

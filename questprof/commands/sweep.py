@@ -26,10 +26,11 @@ from questprof.core import model, tier
 from questprof.core.stages import ROW_STAGES
 from questprof.measure import cupti, dram
 from questprof.measure.timing import time_layers
-from questprof.results import OURS, ResultsWriter, done_keys, make_row
+from questprof.results import OURS, ResultsWriter, done_keys, make_row, tier_fields
 from questprof.workload.flashinfer import FlashInferPeer, STAGES as FLASHINFER_STAGES, refusal
 from questprof.workload.pools import (PoolCache, Workload, fit_need, is_out_of_memory,
                                       l2_bytes, release, sim_layers)
+from questprof.workload.replay import REPLAYED, CacheReplay, Replay
 
 DENSE_REASON = "budget >= length: Quest selects every page, so it runs dense attention"
 SDPA = "torch-sdpa"
@@ -56,6 +57,7 @@ class Options:
     ncu: Callable | None = None  # ncu(cfg, stages) -> {stage: (read, write)} for --bytes ncu
     budget_table: object = None  # core.budgets.BudgetTable: the Quest step per layer's budget
     budgets_file: str = ""  # where budget_table came from (the rows name it)
+    replay: Replay | None = None  # attention and the Quest step through an HBM page cache
 
 
 @dataclass
@@ -143,15 +145,28 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: d
              state: RunState) -> tuple[dict, dict]:
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
     launch = _launcher(work, stage, impl, flashinfer, opts.budget_table)
+    replay = work.replay if impl == OURS and stage in REPLAYED else None
+    if replay is not None:
+        replay.begin()
     t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
                     uses_torch=impl != OURS)
     timing = {**t.summary(), "note": t.note}
     got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
+    # the timed steps' counts, before a byte pass runs more steps
+    cache = _replayed(work, stage, replay) if replay is not None else {}
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
         got = {**_bytes(work, stage, state, t.median), **_link(work, stage, state, t.median)}
     elif impl == OURS:  # why the host tier's link is not counted ({} over HBM, or summed)
         got = {**got, **link_bytes.fields(state.link, work.cfg)}
-    return timing, got
+    return timing, {**got, **cache}
+
+
+def _replayed(work: Workload, stage: str, replay: CacheReplay) -> dict:
+    """A replayed stage's cache counts and, at the replayed miss rate, its tier bytes (the
+    misses written to the cache's slots in HBM and read there: core/tier.py's gather)."""
+    got = replay.fields()
+    miss = got["replayed_miss_rate"]
+    return {**got, **tier_fields(work.cfg, stage, work.union, miss, fetch="gather")}
 
 
 def _link(work: Workload, stage: str, state: RunState, median_ms: float) -> dict:
@@ -230,6 +245,8 @@ def config_rows(scenario: str, cfg, backend, keys, opts: Options, state: RunStat
         yield from _skipped_rows(scenario, cfg, backend, keys, layers, reason,
                                  fit_need(cfg, backend, layers))
         return
+    if opts.replay is not None and not dense_budget:
+        work.replay = CacheReplay(work, opts.replay)
     row = lambda s, i, **kw: make_row(cfg, s, scenario=scenario, backend=backend.name,  # noqa: E731
                                       impl=i, layers=layers, union=work.union, **kw)
     parts, flashinfer = {}, {}

@@ -56,6 +56,11 @@ class SweepArgs:
     kv_tier: str | None = None  # hbm or host; None: the scenario's grid (so for the next two)
     summary_tier: str | None = None
     hbm_pages: int | None = None
+    # replayed selections through the HBM page cache (workload/replay.py): a synthetic trace
+    # keeping this share of each step's pages, or a trace file; None: no replay
+    reuse_overlap: float | None = None
+    reuse_trace: str | None = None
+    reuse_steps: int = 64  # steps of a synthetic trace
     # the fields named on the command line: over a resumed run's, only these change
     given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -123,7 +128,7 @@ def _meaning(args: SweepArgs) -> tuple:
     scenario, configs = configs_from_args(args.as_dict())
     how = {k: v for k, v in args.as_dict().items()
            if k in ("backend", "layers", "repeats", "warmup", "graph", "bytes_source", "peers",
-                    "budgets_file")}
+                    "budgets_file", "reuse_overlap", "reuse_trace", "reuse_steps")}
     return scenario.name, scenario.model, frozenset(c.key() for c in configs), tuple(how.items())
 
 

@@ -27,6 +27,7 @@ from questprof.core.scenarios import configs_from_args
 from questprof.measure import cupti, ncu
 from questprof.workload.flashinfer import missing_reason
 from questprof.workload.pools import check_cache
+from questprof.workload.replay import Replay, check_replay, trace_for
 
 BYTE_SOURCES = ("auto", "cupti", "ncu", "none")
 # is_gpu -> (repeats, warmup); CPU times (the NumPy fp32 path) are context, not the product: 3
@@ -127,7 +128,29 @@ def _options(args: SweepArgs, backend, source, table=None):
                    graph=bool(args.graph) and backend.is_gpu, layers=args.layers,
                    bytes_source=source if source == "cupti" else None, peers=peers,
                    flashinfer=flashinfer, peers_skipped=skipped, ncu=ncu, budget_table=table,
-                   budgets_file=args.budgets_file or "")
+                   budgets_file=args.budgets_file or "", replay=replay_of(args))
+
+
+def replay_of(args: SweepArgs) -> Replay | None:
+    """The page cache's replayed selections the arguments ask for, or None."""
+    if args.reuse_overlap is None and args.reuse_trace is None:
+        return None
+    return Replay(args.reuse_overlap, args.reuse_trace, args.reuse_steps)
+
+
+def check_replay_configs(args: SweepArgs, configs) -> None:
+    """One line (ConfigError) for a replay that a configuration cannot run, a trace file of
+    another shape included, before anything is timed."""
+    replay = replay_of(args)
+    if replay is None:
+        return
+    if args.budgets_file:
+        raise ConfigError("--budgets-file with a reuse replay: the Quest step walks one budget "
+                          "table or one trace, not both")
+    for cfg in configs:
+        check_replay(replay, cfg)
+        if replay.trace is not None:
+            trace_for(replay, cfg)
 
 
 def _grid(scenario, configs, backend, target: Path, args: SweepArgs, resume: bool, argv,
@@ -223,6 +246,7 @@ def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, a
     check_shape(scenario.model, backend)
     check_cache(scenario.model, backend)
     check_extras(args, backend)
+    check_replay_configs(args, configs)
     source, status = byte_source(args.bytes_source, backend)
     console.banner(backend)
     if status["reason"] and args.bytes_source == "auto" and backend.is_gpu:

@@ -148,3 +148,10 @@ def link_seconds(link_bytes: float, ceiling_gbs: float) -> float:
     if ceiling_gbs <= 0:
         raise ValueError(f"link ceiling {ceiling_gbs} GB/s must be positive")
     return link_bytes / (ceiling_gbs * 1e9)
+
+
+def tier_seconds(parts: TierBytes, link_gbs: float, hbm_gbs: float) -> float:
+    """A stage's modelled seconds over the tiers: its link bytes at the link ceiling, then its
+    HBM bytes at the HBM read ceiling (in sequence: a page cache's misses land before
+    attention reads the slots)."""
+    return link_seconds(parts.link, link_gbs) + link_seconds(parts.hbm, hbm_gbs)

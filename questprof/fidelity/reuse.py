@@ -7,7 +7,8 @@ token at a time, the bound, top-K with the tail page in). The pages that cross t
 for one (request, KV head) at a step are the union of its rows' selections (its q heads' in
 per-head mode, its own in the shared modes). Per layer:
 - overlap: |A_t and A_(t-1)| / |A_t|, the share of step t's pages that step t-1 also read;
-- miss rate of a cache of C pages per (request, KV head), least recently selected out: step
+- miss rate of a cache of C pages per (request, KV head), least recently selected out
+  (core/page_cache.LRUPages, the rule the page cache's kernel and NumPy path run): step
   t's pages missing from the cache, over the pages of step t. The cache starts holding the
   first step's pages (warm), so steps 1..T-1 are counted; a page opened during decode (the
   tail page moves every S tokens) counts as a miss when first read, as a fresh page would.
@@ -17,12 +18,12 @@ Random pools have no reuse: these figures come from a real model only.
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from questprof.core import model
+from questprof.core.page_cache import LRUPages
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.page_index import page_index
 
@@ -41,28 +42,6 @@ class Reuse:
 
     def miss_rate(self, capacity: int) -> float:
         return self.misses[capacity] / self.pages if self.pages else float("nan")
-
-
-class LRUPages:
-    """A cache of `capacity` page ids, least recently selected out."""
-
-    def __init__(self, capacity: int, pages=()) -> None:
-        self.capacity, self.held = capacity, OrderedDict()
-        self.read(pages)
-
-    def read(self, pages) -> int:
-        """Read `pages` (one step's set): returns how many were missing; all become the most
-        recent, then the least recent go until `capacity` remain."""
-        missing = 0
-        for p in sorted(pages):
-            if p in self.held:
-                self.held.move_to_end(p)
-            else:
-                missing += 1
-                self.held[p] = None
-        while len(self.held) > self.capacity:
-            self.held.popitem(last=False)
-        return missing
 
 
 def replay(steps: list[set], capacities) -> tuple[int, int, dict]:

@@ -1,14 +1,17 @@
 """The report's host-tier section (core/tier.py), drawn only when rows carry kv_tier host: time
 per stage with its link bytes, Quest's attention against dense over the same tier, the link
 ceilings of the run, and the replayed hit rate against the cache size C where the directory
-holds `questprof reuse` rows. Where the run counted link bytes (CUPTI's pcie__read_bytes.sum,
-commands/link_bytes.py), each stage's measured link reads, raw and calibrated, stand beside the
+holds `questprof reuse` rows, and beside it the rows timed through the page cache over a
+replayed selection sequence (sweep --reuse-overlap / --reuse-trace): hit rate against C on the
+device and by the rule's replay, link bytes and time against the model at that miss rate.
+Where the run counted link bytes (CUPTI's pcie__read_bytes.sum, commands/link_bytes.py), each stage's measured link reads, raw and calibrated, stand beside the
 modelled ones; where it did not, one line says why."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from questprof.core import tier
 from questprof.report.frames import fmt_tokens
 from questprof.report.html import esc, table
 
@@ -118,6 +121,58 @@ def _reuse(df: pd.DataFrame) -> str:
                  numeric=("budget", "hbm_pages", "overlap", "hit_rate"))
 
 
+REPLAY_TOLERANCE = 0.10  # issue 33: link bytes and time as modelled from the replayed miss rate
+
+
+def _model_us(rows: pd.DataFrame, meta: dict) -> pd.Series:
+    """Each replayed row's time by the byte model (core/tier.tier_seconds) at the run's
+    zero-copy link and HBM read ceilings, in us; NaN where the run measured no ceilings."""
+    link = (meta.get("link_ceilings") or {}).get("zero_copy_gbs")
+    hbm = (meta.get("ceilings") or {}).get("read_gbs")
+    if not link or not hbm:
+        return pd.Series(float("nan"), index=rows.index)
+    return rows.apply(lambda r: 1e6 * tier.tier_seconds(tier.TierBytes(
+        r["stage"], r["tier_hbm_bytes"], r["link_bytes"]), link, hbm), axis=1)
+
+
+def _within(ratio: pd.Series) -> pd.Series:
+    return ratio.map(lambda v: "-" if pd.isna(v) else
+                     ("yes" if abs(v - 1) <= REPLAY_TOLERANCE else "no"))
+
+
+def _replayed(df: pd.DataFrame, meta: dict) -> str:
+    """Hit rate against C of the rows timed through the page cache, measured on the device
+    beside the replay of the same steps, and link bytes and time against the model at it."""
+    if "cache_steps" not in df:
+        return ""
+    rows = df[pd.to_numeric(df["cache_steps"], errors="coerce") > 0].copy()
+    if rows.empty:
+        return ""
+    rows["hit"] = (1 - rows["cache_miss_rate"]).round(4)
+    rows["hit_model"] = (1 - rows["replayed_miss_rate"]).round(4)
+    rows["link_ratio_cache"] = (rows["cache_link_bytes"] / rows["link_bytes"]).round(4)
+    rows["us"] = (rows["median_ms"] * 1e3).round(1)
+    rows["model_us"] = _model_us(rows, meta).round(1)
+    rows["time_ratio"] = (rows["us"] / rows["model_us"]).round(3)
+    rows["bytes_ok"], rows["time_ok"] = (_within(rows["link_ratio_cache"]),
+                                         _within(rows["time_ratio"]))
+    rows["link_mb"] = (rows["cache_link_bytes"] / 1e6).round(3)
+    rows = rows.astype(object).where(rows.notna(), "-")
+    cols = {"length": "length", "batch": "B", "budget": "budget", "hbm_pages": "C",
+            "stage": "stage", "reuse_overlap": "overlap", "hit": "hit rate (device)",
+            "hit_model": "hit rate (replay)", "link_mb": "link MB / layer (misses)",
+            "link_ratio_cache": "link / model", "bytes_ok": "within 10%", "us": "us / layer",
+            "model_us": "model us", "time_ratio": "time / model", "time_ok": "within 10%"}
+    return ("<h3>HBM page cache, replayed selections</h3><p>Attention and the Quest step "
+            "through C pages per (request, KV head) in HBM, over a selection sequence with "
+            f"reuse ({esc(str(rows['reuse_source'].iloc[0]))}): the device's hits beside the same "
+            "steps replayed by the rule's reference; link bytes are the misses' pages, the model "
+            "the tier's bytes at the replayed miss rate, its time those bytes at the run's "
+            "zero-copy and HBM read ceilings.</p>"
+            + table(rows, cols, numeric=("hit", "hit_model", "link_mb", "link_ratio_cache",
+                                         "us", "model_us", "time_ratio", "reuse_overlap")))
+
+
 def section(df: pd.DataFrame, meta: dict) -> str:
     """The section's HTML ('' without host-tier rows)."""
     if not has_tier(df):
@@ -141,4 +196,4 @@ def section(df: pd.DataFrame, meta: dict) -> str:
     numeric = ("us", "link_mb", "link_gbs", "of_copy", "dense_over_quest", "link_raw_mb",
                "link_cal_mb", "link_ratio")
     return (said + _link_said(host, meta) + table(rows, cols, numeric=numeric)
-            + _reuse(df))
+            + _replayed(host, meta) + _reuse(df))

@@ -278,6 +278,7 @@ class Workload:
                 sel, count = (backend.to_host(a) for a in self.selections[0])
                 self.union = union_pages(sel, count, m.group)
         self.topk_scores, self._torch = self.scores, None
+        self.replay = None  # workload.replay.CacheReplay: attention and quest through a page cache
         backend.synchronize()
 
     @property
@@ -322,10 +323,13 @@ class Workload:
 
     def launcher(self, stage: str) -> Callable[[int], object]:
         """launch(layer) of a stage, 'quest' or a peer; asynchronous, no synchronisation.
-        Peers (torch) are built only when asked for."""
+        Peers (torch) are built only when asked for; with a replay (workload/replay.py)
+        attention and the Quest step run through its page caches."""
         b, cfg, kvs, q = self.backend, self.cfg, self.kvs, self.q
         if stage in self.PEERS:
             return self._peer(stage)
+        if self.replay is not None and stage in ("attention", "quest"):
+            return getattr(self.replay, stage)
         launches = {
             "summary": lambda l: b.summary(kvs[l], self.plan),
             "estimate": lambda l: b.estimate(q, kvs[l], cfg.mode),
