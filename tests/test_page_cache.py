@@ -219,3 +219,18 @@ def test_the_report_shows_hit_rate_against_c_and_the_model(tmp_path):
     us = report_tier._model_us(rows, meta).iloc[0]
     r = rows.iloc[0]
     assert us == pytest.approx(1e6 * (r["link_bytes"] / 50e9 + r["tier_hbm_bytes"] / 4000e9))
+
+
+def test_the_tier_line_names_the_replay_of_a_page_cache():
+    """A host-tier sweep with a page cache and a replay says what the cache rows replay, not that
+    every chosen page misses; without a replay it says the pools have no reuse."""
+    from types import SimpleNamespace
+
+    from questprof.commands.sweep_say import tier_line
+    cfg = SimpleNamespace(kv_tier="host", summary_tier="hbm", hbm_pages=256)
+    gpu = SimpleNamespace(is_gpu=True)
+    line = tier_line(cfg, gpu, 0.82)
+    assert "overlap 0.82" in line and "every chosen page misses" not in line
+    assert "trace t.npz" in tier_line(cfg, gpu, None, "t.npz")
+    assert "every chosen page misses" in tier_line(cfg, gpu)
+    assert tier_line(SimpleNamespace(kv_tier="hbm"), gpu) == ""

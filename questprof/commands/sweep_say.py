@@ -41,7 +41,7 @@ def announce(scenario, configs, backend, args, opts, resumed: Path | None) -> No
     if note := grid_note(scenario, args.as_dict()):
         _say(note)
     _say(f"model {scenario.name}: {scenario.model.text()}")
-    if line := tier_line(configs[0], backend):
+    if line := tier_line(configs[0], backend, args.reuse_overlap, args.reuse_trace):
         _say(line)
     left = remaining(configs, opts, done_keys(resumed) if resumed else set())
     fidelity = sweep_fidelity_plan(args.fidelity, args.fidelity_model, backend,
@@ -60,8 +60,9 @@ def announce(scenario, configs, backend, args, opts, resumed: Path | None) -> No
          f"{max(minutes, 0.1):.1f} min {extras}")
 
 
-def tier_line(cfg, backend) -> str:
-    """What a host-tier run times and models, in one line ('' over HBM)."""
+def tier_line(cfg, backend, overlap: float | None = None, trace: str | None = None) -> str:
+    """What a host-tier run times and models, in one line ('' over HBM); `overlap` / `trace`:
+    the selection sequence a page cache's rows replay (sweep --reuse-overlap / --reuse-trace)."""
     if cfg.kv_tier == "hbm":
         return ""
     cache = (f", an HBM cache of {cfg.hbm_pages} pages per (request, KV head)" if cfg.hbm_pages
@@ -69,6 +70,13 @@ def tier_line(cfg, backend) -> str:
     where = ("in pinned host memory read over the link" if backend.is_gpu else
              "on the CPU, where the host is the host: the same work as over HBM, the link "
              "bytes modelled (core/tier.py)")
+    replay = (f"the trace {trace}" if trace else
+              f"a synthetic sequence of overlap {overlap:g} with the step before"
+              if overlap is not None else "")
+    if cfg.hbm_pages and replay:
+        return (f"tier: K and V pages {where}; summaries in {cfg.summary_tier}{cache}. Attention "
+                f"and the Quest step replay {replay} through the cache; the other stages' pools "
+                f"are random")
     return (f"tier: K and V pages {where}; summaries in {cfg.summary_tier}{cache}. The pools "
             f"are random: no step-to-step reuse, every chosen page misses (questprof reuse "
             f"measures it on a real model)")

@@ -18,8 +18,9 @@ from questprof.report.html import esc, table
 TITLE = "Host tier"
 LEDE = ("K and V pages in host memory, read over the host link: each stage's time and the bytes "
         "it moves over the link (the byte model of the tier), and Quest's step against dense "
-        "attention over the same tier. The pools are random: no step-to-step reuse, every chosen "
-        "page crosses; the hit rate of an HBM page cache comes from a real model's replay.")
+        "attention over the same tier. Random pools have no step-to-step reuse: every chosen page "
+        "crosses, but in the rows of an HBM page cache that replay a selection sequence "
+        "(below); the hit rate of a real model's selections comes from its replay.")
 NO_CEILINGS = ("No link ceilings in this run: sweep and bench measure them on a GPU (a byte check "
                "does not; on the CPU the host is the host and the link bytes are modelled).")
 # one configuration: dense pairs with the Quest step of the same model and cache only
