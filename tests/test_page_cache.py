@@ -4,6 +4,8 @@ The GPU kernel is held to the same reference in tests/test_page_cache_gpu.py."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from typer.testing import CliRunner
@@ -213,6 +215,10 @@ def test_the_report_shows_hit_rate_against_c_and_the_model(tmp_path):
     html = report_tier.section(df, meta)
     assert "HBM page cache, replayed selections" in html and "hit rate (device)" in html
     assert "synthetic overlap 0.8" in html
+    # no CUPTI count on the CPU: the link bytes are not judged (a '-' ratio, a '-' verdict)
+    replayed = html[html.index("HBM page cache, replayed selections"):]
+    assert "counted link / model" in replayed and "--bytes cupti" in replayed
+    assert re.search(r">-</td>\s*<td[^>]*>-</td>", replayed), replayed
     meta = {**meta, "link_ceilings": {"zero_copy_gbs": 50.0, "copy_gbs": 55.0},
             "ceilings": {"read_gbs": 4000.0}}
     rows = df[df["stage"] == "attention"]

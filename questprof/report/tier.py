@@ -151,25 +151,32 @@ def _replayed(df: pd.DataFrame, meta: dict) -> str:
         return ""
     rows["hit"] = (1 - rows["cache_miss_rate"]).round(4)
     rows["hit_model"] = (1 - rows["replayed_miss_rate"]).round(4)
-    rows["link_ratio_cache"] = (rows["cache_link_bytes"] / rows["link_bytes"]).round(4)
+    counted = (pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce")
+               if "calibrated_link_bytes" in rows else pd.Series(float("nan"), index=rows.index))
+    rows["link_ratio_cache"] = (counted / rows["link_bytes"]).round(4)  # NaN: not counted
     rows["us"] = (rows["median_ms"] * 1e3).round(1)
     rows["model_us"] = _model_us(rows, meta).round(1)
     rows["time_ratio"] = (rows["us"] / rows["model_us"]).round(3)
     rows["bytes_ok"], rows["time_ok"] = (_within(rows["link_ratio_cache"]),
                                          _within(rows["time_ratio"]))
     rows["link_mb"] = (rows["cache_link_bytes"] / 1e6).round(3)
+    rows["length"] = rows["length"].map(fmt_tokens)
+    rows["reuse_overlap"] = pd.to_numeric(rows["reuse_overlap"], errors="coerce").round(3)
     rows = rows.astype(object).where(rows.notna(), "-")
     cols = {"length": "length", "batch": "B", "budget": "budget", "hbm_pages": "C",
             "stage": "stage", "reuse_overlap": "overlap", "hit": "hit rate (device)",
             "hit_model": "hit rate (replay)", "link_mb": "link MB / layer (misses)",
-            "link_ratio_cache": "link / model", "bytes_ok": "within 10%", "us": "us / layer",
+            "link_ratio_cache": "counted link / model", "bytes_ok": "within 10%",
+            "us": "us / layer",
             "model_us": "model us", "time_ratio": "time / model", "time_ok": "within 10%"}
     return ("<h3>HBM page cache, replayed selections</h3><p>Attention and the Quest step "
             "through C pages per (request, KV head) in HBM, over a selection sequence with "
             f"reuse ({esc(str(rows['reuse_source'].iloc[0]))}): the device's hits beside the same "
-            "steps replayed by the rule's reference; link bytes are the misses' pages, the model "
-            "the tier's bytes at the replayed miss rate, its time those bytes at the run's "
-            "zero-copy and HBM read ceilings.</p>"
+            "steps replayed by the rule's reference; link MB are the misses' pages as the "
+            "device counted them; the model is the tier's bytes at the replayed miss rate, its "
+            "time those bytes at the run's zero-copy and HBM read ceilings; link bytes are "
+            "judged against the model only where CUPTI counted them (--bytes cupti), '-' "
+            "elsewhere.</p>"
             + table(rows, cols, numeric=("hit", "hit_model", "link_mb", "link_ratio_cache",
                                          "us", "model_us", "time_ratio", "reuse_overlap")))
 
