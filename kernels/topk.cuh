@@ -222,9 +222,10 @@ QP_DEVICE void select_row(const float* scores, uint32_t* keys, int pages, int k_
 // loads of the scores, no keys in shared memory, two histograms that alternate (a pass zeroes
 // the next one's), the warps' partial sums read as 16-byte words by every thread rather than
 // scanned by one warp: 3 barriers a pass, 1 for the range, 1 for the compaction (select_row:
-// about 17 for a 2048-page row of 2 passes). H200, 2026-12-02, tools/topk_latency.py: 2048-page
-// rows 3.96 us per launch at 512 x 4 against 5.04 for select_row; 8192-page rows at 512 x 16
-// 8.96 against 9.94 at 64 rows, slower at 256 rows (notes/KERNELS.md). Once per CTA.
+// about 17 for a 2048-page row of 2 passes). H200, 2026-12-02 at fe065b0, tools/topk_latency.py,
+// us per launch: 32 rows of 2048 pages 3.55 at 512 x 4 against 5.06 for select_row; 8192-page
+// rows at 512 x 16 8.08 against 9.94 (64 rows) and 13.23 against 14.66 (256 rows)
+// (notes/KERNELS.md). Once per CTA.
 struct SmallShared {
   uint32_t hist[2][TK_BINS];
   __align__(16) uint32_t red[2][32];

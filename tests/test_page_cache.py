@@ -240,3 +240,37 @@ def test_the_tier_line_names_the_replay_of_a_page_cache():
     assert "trace t.npz" in tier_line(cfg, gpu, None, "t.npz")
     assert "every chosen page misses" in tier_line(cfg, gpu)
     assert tier_line(SimpleNamespace(kv_tier="hbm"), gpu) == ""
+
+
+def _broken(trace, how):
+    """A copy of `trace` with one step made into something that is not a selection."""
+    sel = trace.sel.copy()
+    k = sel.shape[-1]
+    if how == "2-d":
+        sel = sel[:, 0, 0]
+    elif how == "no tail":
+        sel[3, 0, 0] = np.arange(k)  # pages 0..K-1: the tail (page 127) left out
+    elif how == "past the row":
+        sel[3, 0, 0, -1] = 5000
+    elif how == "twice":
+        sel[3, 0, 0, 1] = sel[3, 0, 0, 0]
+    elif how == "padding first":
+        sel[3, 0, 0, 0] = -1
+    return reuse_trace.Trace(sel, trace.lengths, trace.page_size)
+
+
+@pytest.mark.parametrize("how,said", [
+    ("2-d", "has 2 dimensions"), ("no tail", "leaves out its tail page"),
+    ("past the row", "names a page past"), ("twice", "not strictly ascending"),
+    ("padding first", "a -1 before a chosen page")])
+def test_a_trace_that_is_not_a_selection_is_one_line_and_exit_2(tmp_path, how, said):
+    """Traces the page cache's kernel would read out of bounds or count apart from its rule
+    (review of 2026-12-02): refused before any pool is built, in one line."""
+    good = reuse_trace.synthetic([2048], S, 16, 2, 8, 0.5)
+    reuse_trace.check(good, [2048], S, 16, 2)  # the synthetic trace is a selection
+    path = reuse_trace.save(_broken(good, how), tmp_path / "t.npz")
+    got, _ = _sweep(tmp_path, "--kv-tier", "host", "--hbm-pages", "32", "--reuse-trace",
+                    str(path))
+    assert got.exit_code == 2, got.output
+    lines = [line for line in got.output.splitlines() if "reuse trace" in line]
+    assert len(lines) == 1 and said in lines[0], got.output

@@ -288,8 +288,9 @@ def test_topk_form_follows_the_rows(monkeypatch, rows, pages, want):
     either; QP_TUNE tk_threads and tk_keys override the rule, a bad tk_keys is named."""
     monkeypatch.delenv("QP_TUNE", raising=False)
     assert variants.topk_form(rows, pages, 132) == want
-    monkeypatch.setenv("QP_TUNE", "tk_keys=0")
-    assert variants.topk_form(rows, pages, 132) == (want[0] if want[1] else want[0], 0)
+    monkeypatch.setenv("QP_TUNE", "tk_keys=0")  # the launch before the register form
+    assert variants.topk_form(rows, pages, 132) == (variants.topk_threads(rows, pages, 132), 0)
+    assert variants.topk_form(64, 8192, 132) == (1024, 0)
     monkeypatch.setenv("QP_TUNE", "tk_threads=256")
     assert variants.topk_form(rows, pages, 132) == (256, 16 if pages <= 4096 and rows <= 132
                                                     else 0)

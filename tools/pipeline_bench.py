@@ -175,7 +175,7 @@ def bench_case(tokens: int, batch: int, budget: int, repeats: int, l2: int) -> d
     row = {name: _time(run, layers, repeats) for name, run in runs.items()}
     row["path"] = {name: la.path for name, la in launches.items()}
     row["layers"] = layers
-    kernel = ops.load_kernel("topk", "topk_kernel<1024>")
+    kernel = ops.load_kernel("topk", "topk_kernel<1024, 0>")
     row["ptx"] = (kernel.ptx_version, kernel.binary_version)
     del pool, scores, picks
     cupy.get_default_memory_pool().free_all_blocks()

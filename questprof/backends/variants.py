@@ -296,22 +296,24 @@ def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) 
 
 
 # Rows that fit one wave of CTAs (rows <= SMs) select with their keys in registers, on 512
-# threads, where a row fits 512 x 16 keys; more rows keep the shared-memory form, whose
-# compaction is cheaper per row at a full wave. H200, 2026-12-02 (tools/topk_latency.py, us per
-# launch in a graph, PDL): 32 x 2048 pages 4.06 against 5.06 (512 threads) in shared memory;
-# 64 x 8192 8.96 against 9.94 (1024); 256 x 8192 16.84 against 14.65 (512).
+# threads, where a row fits 512 x 16 keys. H200, 2026-12-02 at fe065b0 (tools/topk_latency.py, us
+# per launch in a graph, PDL; notes/KERNELS.md): 32 x 2048 pages 3.55 against 5.06 (512 threads,
+# keys in shared memory); 64 x 8192 8.08 against 9.94 (1024). 256 x 8192 gained too (13.23
+# against 14.66) but no bench has timed the rule over one wave yet: more rows keep the
+# shared-memory form until one does.
 TK_REG_THREADS = 512
 
 
 def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
     """(threads, keys per thread) of topk_kernel for `rows` rows of at most `pages` pages: keys
-    0 for the shared-memory form. QP_TUNE's tk_threads and tk_keys override the rule."""
+    0 for the shared-memory form. QP_TUNE's tk_threads and tk_keys override the rule; tk_keys=0
+    alone is the launch before the register form (topk_threads' CTA size)."""
     tuning = tuning or current_tuning()
     fits = [r for r in TK_REG_KEYS if r]
     one_wave = rows <= sms
     if tuning.tk_threads:
         threads = tuning.tk_threads
-    elif one_wave and pages <= TK_REG_THREADS * fits[-1]:
+    elif one_wave and pages <= TK_REG_THREADS * fits[-1] and tuning.tk_keys != 0:
         threads = TK_REG_THREADS
     else:  # the shared-memory form, on the CTA size topk_threads gives it
         threads, one_wave = topk_threads(rows, pages, sms, tuning), False

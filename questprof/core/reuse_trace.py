@@ -105,10 +105,38 @@ def load(path) -> Trace:
 
 
 def check(trace: Trace, lengths, page_size: int, k_pages: int, kv_heads: int) -> None:
-    """ValueError in one line unless the trace was made for this shape."""
+    """ValueError in one line unless the trace was made for this shape and every step of it is
+    a selection: ascending positions inside the request, -1 only as trailing padding, the tail
+    page in, the same count at every step (the page cache's kernel and its rule assume each)."""
     want = (tuple(int(n) for n in lengths), page_size, kv_heads, k_pages)
+    if trace.sel.ndim != 4:
+        raise ValueError(f"the reuse trace's sel has {trace.sel.ndim} dimensions; a trace "
+                         f"holds [steps, KV heads, requests, K]")
     got = (trace.lengths, trace.page_size, int(trace.sel.shape[1]), int(trace.sel.shape[3]))
-    if trace.sel.ndim != 4 or got != want:
+    if got != want or trace.sel.shape[2] != len(want[0]):
         raise ValueError(f"the reuse trace is for lengths {got[0][:4]}, page size {got[1]}, "
                          f"{got[2]} KV heads, K {got[3]}; this configuration has "
                          f"{want[0][:4]}, {want[1]}, {want[2]}, {want[3]}")
+    if why := _not_a_selection(trace.sel, [pages_for(n, page_size) for n in want[0]]):
+        raise ValueError(f"the reuse trace is not a sequence of selections: {why}")
+
+
+def _not_a_selection(sel: np.ndarray, pages: list[int]) -> str:
+    """Why sel [T, Hkv, B, K] is not one selection per (step, KV head, request), '' if it is."""
+    valid = sel >= 0
+    n = valid.sum(axis=-1)
+    if (valid[..., 1:] & ~valid[..., :-1]).any():
+        return "a -1 before a chosen page (padding is trailing only)"
+    if (n != n[:1]).any():
+        return "a request's count of chosen pages changes between steps"
+    for b, p in enumerate(pages):
+        row = sel[:, :, b]
+        chosen = np.where(valid[:, :, b], row, -1)
+        if (chosen >= p).any():
+            return f"request {b} names a page past its {p}"
+        d = np.diff(row, axis=-1)
+        if ((d <= 0) & valid[:, :, b, 1:]).any():
+            return f"request {b}'s pages are not strictly ascending (a page twice, or out of order)"
+        if not ((row == p - 1).any(axis=-1)).all():
+            return f"request {b} leaves out its tail page {p - 1} at some step"
+    return ""
