@@ -336,6 +336,13 @@ def reuse(
     backend: Annotated[str, typer.Option(help="Where the selection runs: numpy or auto")]
         = ReuseArgs.backend,
     seed: Annotated[int, typer.Option(help="Of the passkeys")] = ReuseArgs.seed,
+    trace_out: Annotated[Optional[str], typer.Option(help=(
+        "Also write one layer's selections as a reuse trace (.npz) for sweep --reuse-trace "
+        "(one page size and budget in the run)"))] = ReuseArgs.trace_out,
+    trace_layer: Annotated[Optional[int], typer.Option(help=default(
+        "The trace's layer", "the measured layer of median overlap"))] = ReuseArgs.trace_layer,
+    trace_mode: Annotated[Optional[str], typer.Option(help=default(
+        "The trace's selection mode, a shared one", "shared-mean"))] = ReuseArgs.trace_mode,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/reuse-<timestamp>/"))] = None,
 ) -> None:
@@ -345,7 +352,8 @@ def reuse(
 
     args = ReuseArgs(model=model, length=length, steps=steps, prompts=prompts,
                      page_size=page_size, budget=budget, mode=mode, hbm_pages=hbm_pages,
-                     dense_layers=dense_layers, backend=backend, seed=seed)
+                     dense_layers=dense_layers, backend=backend, seed=seed, trace_out=trace_out,
+                     trace_layer=trace_layer, trace_mode=trace_mode)
     log = lambda msg: console.err.print(msg, highlight=False, markup=False)  # noqa: E731
     target, rows = reuse_mod.reuse_command(args, out_dir, sys.argv[1:], log)
     import pandas as pd

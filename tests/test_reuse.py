@@ -10,6 +10,7 @@ from questprof.backends import get_backend
 from questprof.cli import app
 from questprof.commands import reuse as reuse_cmd
 from questprof.commands.reuse_args import ReuseArgs
+from questprof.core import reuse_trace
 from questprof.core.config import ConfigError
 from questprof.core.page_cache import LRUPages
 from questprof.fidelity.capture import Capture
@@ -92,3 +93,77 @@ def test_the_command_writes_rows_and_prints_the_table(monkeypatch, tmp_path):
     assert every[0]["misses"] == sum(r["misses"] for r in per_layer)
     assert every[0]["link_bytes_model"] == pytest.approx(sum(r["link_bytes_model"]
                                                              for r in per_layer))
+
+
+def _lru_miss_rate(trace, capacity: int) -> float:
+    """LRUPages over a trace as `questprof reuse` replays: warm with step 0, steps 1..T-1."""
+    misses = pages = 0
+    for h, b in np.ndindex(trace.sel.shape[1:3]):
+        rows = [row[row >= 0] for row in trace.sel[:, h, b]]
+        cache = LRUPages(capacity, rows[0])
+        misses += sum(cache.read(row) for row in rows[1:])
+        pages += sum(len(row) for row in rows[1:])
+    return misses / pages
+
+
+def _reuse_with_trace(monkeypatch, tmp_path, caps, *flags):
+    monkeypatch.setattr(reuse_cmd, "captures", lambda args, log: ("synthetic", caps))
+    out = tmp_path / "reuse"
+    got = CliRunner().invoke(app, ["reuse", "--budget", "64", "--mode", "shared-mean,per-head",
+                                   "--dense-layers", "1", "--out", str(out),
+                                   "--trace-out", str(tmp_path / "t.npz"), *flags])
+    return got, out
+
+
+@pytest.mark.parametrize("layer", [None, 2])
+def test_the_trace_written_replays_to_the_rows_miss_rate(monkeypatch, tmp_path, layer):
+    """Steps 395..400 tokens share 25 pages: the trace holds every step the rows count."""
+    caps = [capture(seed=4), capture(seed=5)]
+    flags = [] if layer is None else ["--trace-layer", str(layer)]
+    got, out = _reuse_with_trace(monkeypatch, tmp_path, caps, *flags)
+    assert got.exit_code == 0, got.output
+    said = results.load(out)[1]["trace"]
+    trace = reuse_trace.load(tmp_path / "t.npz")
+    reuse_trace.check(trace, [400, 400], 16, 4, 2)  # as sweep --reuse-trace checks it
+    assert said["mode"] == "shared-mean" and said["first_step"] == 0 and trace.steps == 6
+    rows = {(r["layer"], r["hbm_pages"]): r for r in results.read_rows(out)
+            if r["mode"] == "shared-mean"}
+    if layer is None:  # the median of layers 1 and 2: the lower overlap
+        layer = min((1, 2), key=lambda n: (rows[n, 4]["overlap"], n))
+    assert said["layer"] == layer
+    for c in (4, 8, 16):
+        assert said["miss_rate"][str(c)] == rows[layer, c]["miss_rate"] == _lru_miss_rate(trace, c)
+    assert said["overlap"] == rows[layer, 4]["overlap"] == pytest.approx(reuse_trace.overlap(trace))
+
+
+def test_a_tail_page_that_moves_leaves_the_steps_before_it_out(monkeypatch, tmp_path):
+    """Steps at 384..389 tokens: step 0 has 24 pages, the rest 25 (tail page 24)."""
+    caps = [capture(length=389, seed=6)]
+    got, out = _reuse_with_trace(monkeypatch, tmp_path, caps)
+    assert got.exit_code == 0, got.output
+    said = results.load(out)[1]["trace"]
+    trace = reuse_trace.load(tmp_path / "t.npz")
+    reuse_trace.check(trace, [389], 16, 4, 2)
+    assert said["first_step"] == 1 and trace.steps == 5
+    assert said["miss_rate"]["8"] == _lru_miss_rate(trace, 8)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--trace-layer", "3"], "--trace-layer 3: synthetic's layers measured are 1..2"),
+    (["--trace-layer", "0"], "--trace-layer 0: synthetic's layers measured are 1..2"),
+    (["--trace-mode", "per-head"], "a trace is of a shared mode"),
+    (["--trace-mode", "shared-max"], "--trace-mode shared-max: this run selects with"),
+    (["--budget", "64,128"], "give one --page-size and one --budget"),
+])
+def test_a_trace_the_run_cannot_write_is_one_line(monkeypatch, tmp_path, flags, says):
+    got, _ = _reuse_with_trace(monkeypatch, tmp_path, [capture(seed=4)], *flags)
+    assert got.exit_code == 2
+    assert says in " ".join(got.stderr.split()) and len(got.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "t.npz").exists()
+
+
+def test_trace_flags_without_trace_out_are_one_line():
+    with pytest.raises(ConfigError, match="add --trace-out"):
+        reuse_cmd.trace_setting(ReuseArgs(trace_layer=3))
+    with pytest.raises(ConfigError, match="trace is of a shared mode"):
+        reuse_cmd.trace_setting(ReuseArgs(mode="per-head", budget="256", trace_out="t.npz"))

@@ -3,7 +3,9 @@ on a real model, and the miss rate of a C-page HBM cache replaying it (fidelity/
 result rows; with the byte model's link bytes of sparse attention at that miss rate.
 
 One row per (page size, budget, mode, layer, C); layer None sums the layers >= dense_layers
-(its link bytes: every such layer's, one decode step).
+(its link bytes: every such layer's, one decode step). With --trace-out, one layer's selections
+of one setting are also written as a reuse trace (core/reuse_trace.py) for `sweep --reuse-trace`,
+and meta.json records its layer, steps and the miss rates of LRUPages replaying it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from questprof.backends import get_backend
 from questprof.commands.reuse_args import ReuseArgs
+from questprof.core import reuse_trace
 from questprof.core.config import Config, ConfigError, ModelShape, check_modes, parse_sizes
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.model import k_pages
@@ -23,7 +26,7 @@ from questprof.core.tier import tier_bytes
 from questprof.fidelity import prompts
 from questprof.fidelity.model_run import capture
 from questprof.fidelity.models import load_model
-from questprof.fidelity.reuse import Reuse, layer_reuse
+from questprof.fidelity.reuse import Reuse, layer_reuse, layer_trace, trace_reuse
 from questprof.fidelity.threads import one_thread
 from questprof.results import ResultsWriter, now
 
@@ -53,6 +56,67 @@ def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
                               f"step's {k} chosen pages (budget {b}, page size {s})")
         out.append((s, b, m, caps))
     return out
+
+
+def trace_setting(args: ReuseArgs) -> tuple[int, int, str, tuple[int, ...]] | None:
+    """(S, budget, mode, capacities) of the trace --trace-out writes, None without it;
+    ConfigError in one line for a choice the run does not make (before the model loads)."""
+    if args.trace_out is None:
+        if args.trace_layer is not None or args.trace_mode is not None:
+            raise ConfigError("--trace-layer and --trace-mode choose what --trace-out writes: "
+                              "add --trace-out FILE.npz")
+        return None
+    runs = settings(args)
+    pairs = sorted({(s, b) for s, b, _, _ in runs})
+    if len(pairs) > 1:
+        raise ConfigError(f"--trace-out writes the selections of one page size and budget; this "
+                          f"run has {len(pairs)} {pairs}: give one --page-size and one --budget")
+    modes = [m for _, _, m, _ in runs]
+    shared = [m for m in modes if m != "per-head"]
+    mode = args.trace_mode or ("shared-mean" if "shared-mean" in shared else
+                               shared[0] if len(shared) == 1 else None)
+    if mode is None or mode == "per-head":
+        raise ConfigError(f"--trace-out: the page cache holds one page set per KV head, so a "
+                          f"trace is of a shared mode; give --trace-mode among {', '.join(modes)} "
+                          f"but per-head")
+    if mode not in modes:
+        raise ConfigError(f"--trace-mode {mode}: this run selects with {', '.join(modes)}")
+    return next(r for r in runs if r[2] == mode)
+
+
+def trace_layer(args: ReuseArgs, rows: list[dict], setting) -> tuple[int, str]:
+    """The trace's layer and why: --trace-layer, else the measured layer whose overlap is the
+    median (the lower middle one of an even count): a typical layer, not an extreme one."""
+    if args.trace_layer is not None:
+        return args.trace_layer, "--trace-layer"
+    s, b, mode, capacities = setting
+    measured = sorted((r["overlap"], r["layer"]) for r in rows
+                      if r["layer"] is not None and r["hbm_pages"] == capacities[0]
+                      and (r["page_size"], r["budget"], r["mode"]) == (s, b, mode))
+    got, layer = measured[(len(measured) - 1) // 2]
+    return layer, f"median overlap {got:.3f} of {len(measured)} layers"
+
+
+def write_trace(caps: list, args: ReuseArgs, rows: list[dict], backend, log) -> dict:
+    """Write --trace-out (module text), checked as `sweep --reuse-trace` checks it; returns
+    what meta.json records of it."""
+    setting = trace_setting(args)
+    s, b, mode, capacities = setting
+    layer, why = trace_layer(args, rows, setting)
+    trace, first = layer_trace(caps, layer, s, k_pages(b, s), mode, backend)
+    reuse_trace.check(trace, trace.lengths, s, k_pages(b, s), caps[0].kv_heads)
+    path = reuse_trace.save(trace, args.trace_out)
+    got = trace_reuse(trace, capacities)
+    miss = {str(c): got.miss_rate(c) for c in capacities}
+    left_out = (f"; the steps before {first} left out: the tail page moved at step {first}"
+                if first else "")
+    log(f"reuse trace {path}: layer {layer} ({why}), {mode}, page size {s}, budget {b}, "
+        f"decode steps {first}..{caps[0].steps - 1} at {caps[0].length} tokens{left_out}; "
+        f"overlap {got.overlap:.3f}, miss rate " +
+        ", ".join(f"{rate:.3f} at C {c}" for c, rate in miss.items()))
+    return {"path": str(path), "layer": layer, "layer_chosen": why, "page_size": s,
+            "budget": b, "mode": mode, "first_step": first, "steps": trace.steps,
+            "lengths": list(trace.lengths), "overlap": got.overlap, "miss_rate": miss}
 
 
 def captures(args: ReuseArgs, log):
@@ -117,17 +181,23 @@ def reuse_rows(name: str, caps: list, args: ReuseArgs, backend) -> list[dict]:
 def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list[dict]]:
     """The whole `questprof reuse`: rows to a results directory; returns it and the rows."""
     settings(args)  # bad input: one line before the model loads
+    trace_setting(args)
     backend = get_backend(args.backend)
     name, caps = captures(args, log)
-    if args.dense_layers >= caps[0].layers:
-        raise ConfigError(f"--dense-layers {args.dense_layers}: {name} has "
-                          f"{caps[0].layers} layers")
+    layers = caps[0].layers
+    if args.dense_layers >= layers:
+        raise ConfigError(f"--dense-layers {args.dense_layers}: {name} has {layers} layers")
+    if args.trace_layer is not None and not args.dense_layers <= args.trace_layer < layers:
+        raise ConfigError(f"--trace-layer {args.trace_layer}: {name}'s layers measured are "
+                          f"{args.dense_layers}..{layers - 1} (--dense-layers {args.dense_layers})")
     rows = reuse_rows(name, caps, args, backend)
     target = Path(out_dir or Path("reports") / f"reuse-{datetime.now():%Y%m%d-%H%M%S}")
     meta = {"command": " ".join(["questprof", *argv]), "kind": "reuse", "started": now(),
             "backend": backend.name, "args": args.__dict__, "machine": machine_info(),
             **git_fields(),
             "answers": [c.info.get("generated", "") for c in caps]}
+    if args.trace_out is not None:
+        meta["trace"] = write_trace(caps, args, rows, backend, log)
     if (target / "meta.json").is_file():  # a sweep's directory: its meta stays, ours joins it
         meta = {**json.loads((target / "meta.json").read_text(encoding="utf-8")), "reuse": meta}
     with ResultsWriter(target, meta) as writer:

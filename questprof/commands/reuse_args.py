@@ -21,3 +21,6 @@ class ReuseArgs:
     dense_layers: int = 2  # first layers left out (dense under Quest)
     backend: str = "numpy"  # where the selection runs: numpy (the reference) or auto
     seed: int = 0
+    trace_out: str | None = None  # write one layer's selections as a reuse trace (.npz)
+    trace_layer: int | None = None  # its layer; None: the one of median overlap
+    trace_mode: str | None = None  # its mode; None: shared-mean, or the run's one shared mode

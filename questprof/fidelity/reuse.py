@@ -12,6 +12,8 @@ per-head mode, its own in the shared modes). Per layer:
   t's pages missing from the cache, over the pages of step t. The cache starts holding the
   first step's pages (warm), so steps 1..T-1 are counted; a page opened during decode (the
   tail page moves every S tokens) counts as a miss when first read, as a fresh page would.
+`layer_trace` keeps one layer's selections of a shared mode as a reuse trace
+(core/reuse_trace.py), which `sweep --reuse-trace` replays through the timed page cache.
 Random pools have no reuse: these figures come from a real model only.
 """
 
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from questprof.core import model
+from questprof.core.layout import pages_for
 from questprof.core.page_cache import LRUPages
+from questprof.core.reuse_trace import Trace
 from questprof.fidelity.capture import Capture
 from questprof.fidelity.page_index import page_index
 
@@ -66,9 +70,10 @@ def kv_head_sets(sel: np.ndarray, count: int, kv_heads: int) -> list[set]:
             for b in range(batch) for h in range(kv_heads)]
 
 
-def layer_sets(caps: list[Capture], layer: int, page_size: int, k_pages: int, mode: str,
-               backend, dtype: str = "fp32") -> list[list[set]]:
-    """Each step's page sets per (request, KV head) of one layer (captures of one length)."""
+def layer_selections(caps: list[Capture], layer: int, page_size: int, k_pages: int, mode: str,
+                     backend, dtype: str = "fp32") -> list[tuple[np.ndarray, int]]:
+    """Each step's selection of one layer (captures of one length): (sel [Hs, B, K] ascending
+    page positions, -1 padded, count), the index grown a token a step."""
     keys = np.stack([c.keys[layer] for c in caps])                     # [B, Hkv, L, d]
     queries = np.stack([c.queries[layer] for c in caps])               # [B, T, Hq, d]
     first = caps[0].step_length(0) - 1
@@ -76,16 +81,20 @@ def layer_sets(caps: list[Capture], layer: int, page_size: int, k_pages: int, mo
     out = []
     for t in range(caps[0].steps):
         index.append(keys[:, :, first + t:first + t + 1])
-        sel, count = index.select(index.scores(queries[:, t], mode), k_pages)
-        out.append(kv_head_sets(sel, count, keys.shape[1]))
+        out.append(index.select(index.scores(queries[:, t], mode), k_pages))
     return out
 
 
-def layer_reuse(caps: list[Capture], layer: int, page_size: int, budget: int, mode: str,
-                capacities, backend) -> Reuse:
-    """Reuse of one layer (module text): counts summed over requests and KV heads."""
-    per_step = layer_sets(caps, layer, page_size, model.k_pages(budget, page_size), mode,
-                          backend)
+def layer_sets(caps: list[Capture], layer: int, page_size: int, k_pages: int, mode: str,
+               backend, dtype: str = "fp32") -> list[list[set]]:
+    """Each step's page sets per (request, KV head) of one layer (captures of one length)."""
+    kv_heads = caps[0].kv_heads
+    return [kv_head_sets(sel, count, kv_heads) for sel, count in
+            layer_selections(caps, layer, page_size, k_pages, mode, backend, dtype)]
+
+
+def summed(per_step: list[list[set]], capacities) -> Reuse:
+    """Counts of `replay` summed over the (request, KV head) page sets of each step."""
     pages = kept = 0
     misses = dict.fromkeys(capacities, 0)
     for head in range(len(per_step[0])):
@@ -94,3 +103,34 @@ def layer_reuse(caps: list[Capture], layer: int, page_size: int, budget: int, mo
         for c in capacities:
             misses[c] += m[c]
     return Reuse(pages, kept, misses)
+
+
+def layer_reuse(caps: list[Capture], layer: int, page_size: int, budget: int, mode: str,
+                capacities, backend) -> Reuse:
+    """Reuse of one layer (module text): counts summed over requests and KV heads."""
+    return summed(layer_sets(caps, layer, page_size, model.k_pages(budget, page_size), mode,
+                             backend), capacities)
+
+
+def layer_trace(caps: list[Capture], layer: int, page_size: int, k_pages: int, mode: str,
+                backend) -> tuple[Trace, int]:
+    """(the trace of one layer's shared-mode selections, its first step): the steps from the
+    first whose request has as many pages as at the last step, at the last step's length (a
+    trace holds one length; where the tail page moved during decode, the steps before it read
+    a different tail and are left out). ValueError for per-head selection (rows per q head)."""
+    cap = caps[0]
+    if mode == "per-head" and cap.q_heads != cap.kv_heads:
+        raise ValueError("a reuse trace holds one page set per KV head: per-head selection "
+                         "chooses one per q head (take a shared mode)")
+    steps = layer_selections(caps, layer, page_size, k_pages, mode, backend)
+    pages = [pages_for(cap.step_length(t), page_size) for t in range(cap.steps)]
+    first = pages.index(pages[-1])
+    sel = np.stack([s for s, _ in steps[first:]]).astype(np.int32)    # [T, Hkv, B, K]
+    return Trace(sel, (cap.length,) * len(caps), page_size), first
+
+
+def trace_reuse(trace: Trace, capacities) -> Reuse:
+    """Reuse of a trace's steps as `replay` counts it: warm with its step 0, steps 1..T-1."""
+    per_step = [[set(row[row >= 0].tolist()) for row in step.transpose(1, 0, 2)
+                 .reshape(-1, step.shape[-1])] for step in trace.sel]
+    return summed(per_step, capacities)
