@@ -167,3 +167,30 @@ def test_trace_flags_without_trace_out_are_one_line():
         reuse_cmd.trace_setting(ReuseArgs(trace_layer=3))
     with pytest.raises(ConfigError, match="trace is of a shared mode"):
         reuse_cmd.trace_setting(ReuseArgs(mode="per-head", budget="256", trace_out="t.npz"))
+
+
+def test_the_sweep_replays_the_written_trace_as_whole_passes(monkeypatch, tmp_path):
+    """The smoke scenario has the fixture's shape; a window of 6 steps is one whole pass of the
+    trace after the sweep's warm pass: LRUPages cycling through it, not reuse's count."""
+    got, _ = _reuse_with_trace(monkeypatch, tmp_path, [capture(seed=4), capture(seed=5)])
+    assert got.exit_code == 0, got.output
+    trace = reuse_trace.load(tmp_path / "t.npz")
+    out = tmp_path / "sweep"
+    got = CliRunner().invoke(app, [
+        "sweep", "--scenario", "smoke", "--lengths", "400", "--batch", "2", "--page-size", "16",
+        "--budget", "64", "--mode", "shared-mean", "--kv-tier", "host", "--hbm-pages", "8",
+        "--reuse-trace", str(tmp_path / "t.npz"), "--backend", "numpy", "--no-e2e",
+        "--no-fidelity", "--bytes", "none", "--repeats", "6", "--warmup", "0", "--out", str(out)])
+    assert got.exit_code == 0, got.output
+    misses = pages = 0
+    for h, b in np.ndindex(trace.sel.shape[1:3]):
+        cache, rows = LRUPages(8), [row[row >= 0] for row in trace.sel[:, h, b]]
+        for row in rows:  # the warm pass
+            cache.read(row)
+        misses += sum(cache.read(row) for row in rows)
+        pages += sum(len(row) for row in rows)
+    replayed = [r for r in results.read_rows(out) if r.get("cache_steps")]
+    assert sorted(r["stage"] for r in replayed) == ["attention", "quest"]
+    for r in replayed:
+        assert r["cache_steps"] == trace.steps
+        assert r["replayed_miss_rate"] == r["cache_miss_rate"] == misses / pages
