@@ -15,6 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 from rich.table import Table
 
 from questprof import __version__, console
@@ -30,8 +31,32 @@ from questprof.core import selectors
 from questprof.core.config import PAGE_SIZES, ConfigError
 from questprof.core.machine import doctor_rows, git_fields
 
+try:  # Typer 0.2x parses with its own copy of Click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # Typer over the click package
+    from click.exceptions import NoArgsIsHelpError, UsageError
+
+
+
+class OneLineErrors(TyperGroup):
+    """A command's bad option value or unknown option as one line and exit 2, like every other
+    bad input (Typer would draw a box of usage and error)."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            if isinstance(exc, NoArgsIsHelpError):
+                raise  # `questprof sweep` alone: its help, as before
+            where = (exc.ctx.command_path if exc.ctx is not None else
+                     f"{ctx.command_path} {ctx.invoked_subcommand or ''}".strip())
+            console.error(f"{where}: {exc.format_message()} (--help lists the options)")
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(help="Profile Quest (query-aware sparse attention) stage by stage on a GPU.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+                  cls=OneLineErrors, no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False)
 USER_ERRORS = (ConfigError, BackendUnavailable, FileNotFoundError, NotADirectoryError)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from typer.testing import CliRunner
 
 from questprof import console
@@ -95,3 +97,24 @@ def test_resume_does_not_add_the_rows_beside_the_grid_twice(tmp_path):
     again = run("sweep", "--resume", out)
     assert again.exit_code == 0, again.output
     assert len(results.read_rows(out)) == first
+
+
+@pytest.mark.parametrize("args,said", [
+    (("sweep", "--hbm-pages", "1.5"), "sweep: Invalid value for '--hbm-pages'"),
+    (("bench", "--repeats", "x"), "bench: Invalid value for '--repeats'"),
+    (("sweep", "--bogus"), "sweep: No such option: --bogus"),
+    (("fidelity", "--lengths"), "fidelity: Option '--lengths' requires an argument"),
+])
+def test_a_bad_option_value_is_one_line_and_exit_2(args, said):
+    """Click's parse errors (a value of the wrong type, an unknown option, a missing value)
+    as every other bad input: one 'error:' line on stderr, exit 2, no usage box."""
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and said in lines[0], lines
+    assert "╭" not in result.output
+
+
+def test_the_bare_command_still_prints_its_help():
+    result = run()
+    assert "Usage" in result.output and "sweep" in result.output
