@@ -41,26 +41,28 @@ __device__ long long tk_trace[TK_TRACE_CTAS * TK_TRACE_SLOTS];
   } while (0)
 #endif
 
+// Inclusive prefix sum of x over the lanes of a warp (every lane calls it).
+template <typename V>
+QP_DEVICE V warp_inclusive_scan(V x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const V y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  return x;
+}
+
 // Exclusive prefix sum of `x` over the CTA in thread order; *total gets the sum.
 template <int NT>
 QP_DEVICE uint32_t block_exclusive_scan(uint32_t x, uint32_t* total, uint32_t* warp_sums) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // warp_sums may still be read by the previous call
-  uint32_t incl = x;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
+  const uint32_t incl = warp_inclusive_scan(x);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    uint32_t w = lane < NT / 32 ? warp_sums[lane] : 0, wincl = w;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      uint32_t y = __shfl_up_sync(0xffffffffu, wincl, o);
-      if (lane >= o) wincl += y;
-    }
+    const uint32_t w = lane < NT / 32 ? warp_sums[lane] : 0, wincl = warp_inclusive_scan(w);
     warp_sums[lane] = wincl - w;
     if (lane == 31) warp_sums[32] = wincl;
   }
@@ -247,6 +249,17 @@ QP_DEVICE uint32_t sum_before(const uint32_t* words, int n) {
   return total;
 }
 
+// Exclusive prefix sum of x over the CTA in thread order, in one barrier: each warp's total goes
+// to words[warp] (NW words, 16-byte aligned, not read since the barrier before), then every
+// thread adds those of the warps before its own.
+template <int NW>
+QP_DEVICE uint32_t scan_one_barrier(uint32_t x, uint32_t* words) {
+  const uint32_t incl = warp_inclusive_scan(x);
+  if ((threadIdx.x & 31) == 31) words[threadIdx.x >> 5] = incl;
+  __syncthreads();
+  return incl - x + sum_before<NW>(words, threadIdx.x >> 5);
+}
+
 template <int NT, int R>
 QP_DEVICE void select_small(const float* scores, int pages, int k_pages, int sinks, int window,
                             int* __restrict__ out, SmallShared& sh) {
@@ -315,15 +328,7 @@ QP_DEVICE void select_small(const float* scores, int pages, int k_pages, int sin
       uint32_t h[PER], mine = 0;
 #pragma unroll
       for (int j = 0; j < PER; ++j) { h[j] = sh.hist[b][top - j]; mine += h[j]; }
-      uint32_t incl = mine;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      if (lane == 31) sh.warps[b][warp] = incl;
-      __syncthreads();  // every warp's count
-      uint32_t above = incl - mine + sum_before<NW>(sh.warps[b], warp);
+      uint32_t above = scan_one_barrier<NW>(mine, sh.warps[b]);  // every warp's count
       if (above < rem && rem <= above + mine) {
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
@@ -356,15 +361,7 @@ QP_DEVICE void select_small(const float* scores, int pages, int k_pages, int sin
   }
   // One scan of (taken, tied) counts packed 16 | 16 bits (a row of at most 65535 pages).
   const uint32_t packed = (__popc(take) << 16) | __popc(eq);
-  uint32_t incl = packed;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) sh.scan[warp] = incl;
-  __syncthreads();
-  const uint32_t before = incl - packed + sum_before<NW>(sh.scan, warp);
+  const uint32_t before = scan_one_barrier<NW>(packed, sh.scan);
   uint32_t rank = before & 0xffffu, slot = (before >> 16) + min(rank, rem);
 #pragma unroll
   for (int j = 0; j < R; ++j) {
@@ -403,12 +400,7 @@ QP_DEVICE double block_sum_f64(double x, double* red) {
 template <int NT>
 QP_DEVICE double block_exclusive_scan_f64(double x, double* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double incl = x;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const double y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
+  const double incl = warp_inclusive_scan(x);
   double excl = __shfl_up_sync(0xffffffffu, incl, 1);
   if (lane == 0) excl = 0.0;
   __syncthreads();
