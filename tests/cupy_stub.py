@@ -21,7 +21,7 @@ def make() -> types.ModuleType:
     cupy.LAUNCHES = []
 
     class RawKernel:
-        ptx_version = 90
+        ptx_version, num_regs = 90, 128
 
         def __init__(self, expression):
             self.expression, self.max_dynamic_shared_size_bytes = expression, 0

@@ -281,18 +281,20 @@ def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
 
 @pytest.mark.parametrize("rows,pages,want", [(32, 2048, (512, 4)), (8, 2049, (512, 16)),
                                              (64, 8192, (512, 16)), (32, 8193, (1024, 0)),
-                                             (133, 2048, (512, 0)), (256, 8192, (512, 0))])
+                                             (133, 2048, (512, 0)), (256, 8192, (512, 16)),
+                                             (133, 2049, (512, 16)), (1024, 8193, (512, 0))])
 def test_topk_form_follows_the_rows(monkeypatch, rows, pages, want):
-    """Keys in registers on 512 threads for rows that fit one wave (132 SMs) and 512 x 16 keys,
-    the smallest count of keys per thread that holds the row; the shared-memory form (0) past
-    either; QP_TUNE tk_threads and tk_keys override the rule, a bad tk_keys is named."""
+    """Keys in registers on 512 threads for rows that fit 512 x 16 keys, the smallest count of
+    keys per thread that holds the row; over one wave (132 SMs) only rows that need 16; the
+    shared-memory form (0) past either; QP_TUNE tk_threads and tk_keys override the rule, a bad
+    tk_keys is named."""
     monkeypatch.delenv("QP_TUNE", raising=False)
     assert variants.topk_form(rows, pages, 132) == want
     monkeypatch.setenv("QP_TUNE", "tk_keys=0")  # the launch before the register form
     assert variants.topk_form(rows, pages, 132) == (variants.topk_threads(rows, pages, 132), 0)
     assert variants.topk_form(64, 8192, 132) == (1024, 0)
     monkeypatch.setenv("QP_TUNE", "tk_threads=256")
-    assert variants.topk_form(rows, pages, 132) == (256, 16 if pages <= 4096 and rows <= 132
+    assert variants.topk_form(rows, pages, 132) == (256, 16 if pages <= 4096 and want[1]
                                                     else 0)
     monkeypatch.setenv("QP_TUNE", "tk_keys=8")
     with pytest.raises(ValueError, match="tk_keys=8"):
@@ -309,3 +311,29 @@ def test_topk_threads_follow_the_rows(monkeypatch, rows, pages, want):
     assert variants.topk_threads(rows, pages, 132) == want
     monkeypatch.setenv("QP_TUNE", "tk_threads=256")
     assert variants.topk_threads(rows, pages, 132) == 256
+
+
+def test_register_fit_counts_warps_of_256_registers():
+    """sm_90 allocates a warp's registers in 256s: 164 registers leave 3 CTAs of 128 threads an
+    SM (the Llama-3.1-405B dense build), 179 leave 2 (its build at 05797cf)."""
+    assert variants.register_fit(164, 128) == 3
+    assert variants.register_fit(179, 128) == 2
+    assert variants.register_fit(128, 128) == 4
+    assert variants.register_fit(255, 1024) == 0
+
+
+@pytest.mark.parametrize("regs,rows,row_pages,held", [(164, 64, 8192, True),
+                                                       (176, 64, 8192, False),
+                                                       (164, 8, 2048, False)])
+def test_held_ring_holds_multi_wave_grids_at_the_planned_ctas(regs, rows, row_pages, held):
+    """A grid of more than one planned wave whose kernel's registers would let one more CTA
+    share an SM gets the least shared memory that leaves the planned CTAs; otherwise the ring
+    alone (a one-wave grid, or registers that already hold the plan)."""
+    run = variants.attention_launch(rows, row_pages, 128, 16, 16, "bf16", 132)
+    ring = variants.held_ring(run, rows, 132, regs, 128, 16, "bf16")
+    fixed = variants.static_bytes(128, 16, "bf16") + variants.SMEM_RESERVED
+    fits = min(variants.register_fit(regs, 128), variants.SMEM_PER_SM // (ring + fixed))
+    assert (ring > run.ring) == held
+    assert fits == (run.ctas if held else min(variants.register_fit(regs, 128),
+                                              variants.SMEM_PER_SM // (run.ring + fixed)))
+    assert ring <= 227 * 1024

@@ -1,16 +1,15 @@
-"""Dense attention with the CTAs per SM it runs at, against the same launch held to fewer: for each
-case of a bench file, the kernel's registers and the driver's occupancy at the planned dynamic
-shared memory, then dense timed as CUDA-graph replays over cold per-layer pools (bench's
-protocol) at that occupancy and with the dynamic shared memory padded until only `--hold` CTAs
-fit an SM (the grid and the splits unchanged), us per layer.
+"""Dense attention at the CTAs per SM its launch holds it to (variants.held_ring) against the same
+launch left free (its ring alone as dynamic shared memory, so registers may fit more CTAs): for
+each case of a bench file, the kernel's registers, the grid, the driver's occupancy of both, and
+dense timed as CUDA-graph replays over cold per-layer pools (bench's protocol), us per layer.
+--hold N holds every launch at N CTAs per SM instead of the launcher's rule.
 
-    python tools/residency_probe.py [--cases FILE] [--hold 2] [--match 405b]
+    python tools/residency_probe.py [--cases FILE] [--hold 0] [--match 405b]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -23,7 +22,8 @@ from questprof.commands.bench import load_bench  # noqa: E402  (after the path)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=Path, default=ROOT / "tests/fixtures/bench-gqa.toml")
-    parser.add_argument("--hold", type=int, default=2, help="CTAs per SM to hold the launch at")
+    parser.add_argument("--hold", type=int, default=0,
+                        help="CTAs per SM to hold every launch at (0: the launcher's rule)")
     parser.add_argument("--match", default="", help="only models whose name holds this")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
@@ -34,8 +34,8 @@ def main() -> None:
     backend = get_backend("cupy")
     cases, _ = load_bench(args.cases)
     seen: set = set()
-    print(f"{'case':<34}{'regs':>5}{'grid':>10}{'ring':>8}{'occ':>4}{'us':>9}"
-          f"{'held':>5}{'us':>9}{'ratio':>7}", flush=True)
+    print(f"{'case':<32}{'regs':>5}{'grid':>9}{'ring':>8}{'free':>5}{'us':>9}{'held':>7}"
+          f"{'occ':>4}{'us':>9}{'ratio':>7}", flush=True)
     for cfg in cases:
         key = (cfg.model.name, cfg.length, cfg.batch)
         if args.match not in cfg.model.name or key in seen:
@@ -46,54 +46,43 @@ def main() -> None:
 
 
 def _probe(cfg, backend, hold: int, repeats: int) -> str:
-    """One case's table line: dense at its own occupancy, then held to `hold` CTAs per SM."""
+    """One case's table line: dense left free, then held (the rule's, or at `hold` per SM)."""
     from questprof.backends import cupy as cb
     from questprof.backends import variants
     from questprof.commands.bench import _layers
     from questprof.measure.timing import time_layers
     from questprof.workload.pools import Workload
 
-    plain, plain_load = variants.attention_launch, cb.load_kernel
+    rule, plain_load = variants.held_ring, cb.load_kernel
     layers = _layers(cfg, backend)
-    work = Workload(cfg, backend, layers)
-    launch = work.launcher("dense")
-    launch(0)  # builds the kernel; the launch below is the one it ran
-    shown: dict = {}
+    launch = Workload(cfg, backend, layers).launcher("dense")
+    seen: dict = {}
 
-    def spy(*a, **k):
-        run = plain(*a, **k)
-        shown["run"], shown["args"] = run, (a, k)
-        return run
+    def spy(run, rows, sms, regs, d, tile, kv, smem):
+        fixed = variants.static_bytes(d, tile, kv) + variants.SMEM_RESERVED
+        held = smem // (hold + 1) + 1 - fixed if hold else rule(run, rows, sms, regs, d, tile,
+                                                                  kv, smem)
+        seen.update(run=run, rows=rows, regs=regs, held=max(run.ring, held))
+        return seen["held"] if seen.get("hold", True) else run.ring
 
     def loaded(stage, *a, **k):
         kernel = plain_load(stage, *a, **k)
-        shown.setdefault(stage, kernel)
+        seen.setdefault(stage, kernel)
         return kernel
 
-    cb.variants.attention_launch, cb.load_kernel = spy, loaded
+    cb.variants.held_ring, cb.load_kernel = spy, loaded
     try:
-        launch(0)
-    finally:
-        cb.variants.attention_launch, cb.load_kernel = plain, plain_load
-    run, (a, _), kernel = shown["run"], shown["args"], shown["attention"]
-    d, tile, kv_dtype = a[2], a[3], a[5]
-    regs = kernel.num_regs
-    occ = _occupancy(kernel, run.ring)
-    natural = time_layers(backend, launch, layers, 3, repeats, True).median
-    fixed = variants.static_bytes(d, tile, kv_dtype) + variants.SMEM_RESERVED
-    held_ring = cb._smem_per_sm() // hold - fixed
-    cb.variants.attention_launch = lambda *a, **k: dataclasses.replace(plain(*a, **k),
-                                                                      ring=held_ring)
-    try:
-        launch(0)
-        held_occ = _occupancy(kernel, held_ring)
+        seen["hold"] = False
+        free = time_layers(backend, launch, layers, 3, repeats, True).median
+        seen["hold"] = True
         held = time_layers(backend, launch, layers, 3, repeats, True).median
     finally:
-        cb.variants.attention_launch = plain
-    grid = f"{run.splits}x{a[0]}"
+        cb.variants.held_ring, cb.load_kernel = rule, plain_load
+    run, kernel = seen["run"], seen["attention"]
     name = f"{cfg.model.name[:18]} {cfg.length // 1024}K B{cfg.batch}"
-    return (f"{name:<34}{regs:>5}{grid:>10}{run.ring:>8}{occ:>4}{natural * 1e3:9.1f}"
-          f"{held_occ:>5}{held * 1e3:9.1f}{held / natural:7.3f}")
+    return (f"{name:<32}{seen['regs']:>5}{str(run.splits) + 'x' + str(seen['rows']):>9}"
+            f"{run.ring:>8}{_occupancy(kernel, run.ring):>5}{free * 1e3:9.1f}{seen['held']:>7}"
+            f"{_occupancy(kernel, seen['held']):>4}{held * 1e3:9.1f}{held / free:7.3f}")
 
 
 def _occupancy(kernel, shared: int) -> int:

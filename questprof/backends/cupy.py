@@ -55,6 +55,12 @@ def load_kernel(stage: str, expression: str, defines: tuple[str, ...] = ()) -> c
 
 
 @functools.cache
+def _registers(stage: str, expression: str, defines: tuple[str, ...] = ()) -> int:
+    """Registers per thread of a loaded kernel (asked of the driver once)."""
+    return int(load_kernel(stage, expression, defines).num_regs)
+
+
+@functools.cache
 def _sm_count() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
@@ -183,8 +189,11 @@ def run_attention(q, kv: PagedKV, cache, tags, group: int, sel=None, count=None,
         ws_lse = cupy.empty((rows, run.splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
     expr = f"attention_kernel<{tags[0]}, {tags[1]}, {d}, {run.page}, {G}, {run.stages}>"
-    kernel = load_kernel("attention", expr, launch.defines("attention"))
-    kernel.max_dynamic_shared_size_bytes = run.ring
+    defines = launch.defines("attention")
+    kernel = load_kernel("attention", expr, defines)
+    shared = variants.held_ring(run, rows, _sm_count(), _registers("attention", expr, defines),
+                                d, G, kv.kv_dtype, _smem_per_sm())
+    kernel.max_dynamic_shared_size_bytes = shared
     p = params.pack(params.ATTENTION, cache=cache, q=q, sel=sel,
                     count=None if sel is None else count, out=out, lse=lse, ws_o=ws_o,
                     ws_lse=ws_lse, row_done=row_done, q_heads=q_heads, chunks=plan.chunks,
@@ -192,7 +201,7 @@ def run_attention(q, kv: PagedKV, cache, tags, group: int, sel=None, count=None,
                     count_per_head=int(sel is not None and count.ndim == 2),
                     pages_per_split=run.pages_per_split, merge=int(run.merge == "wide"),
                     scale_log2=params.scale_log2(d))
-    launch(kernel, (run.splits, rows), (ATT_WARPS * 32,), (p,), shared_mem=run.ring,
+    launch(kernel, (run.splits, rows), (ATT_WARPS * 32,), (p,), shared_mem=shared,
            stage="attention")
     return out, lse
 

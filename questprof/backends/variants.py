@@ -295,12 +295,12 @@ def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) 
 
 
 
-# Rows that fit one wave of CTAs (rows <= SMs) select with their keys in registers, on 512
-# threads, where a row fits 512 x 16 keys. H200, 2026-12-02 at fe065b0 (tools/topk_latency.py, us
-# per launch in a graph, PDL; notes/KERNELS.md): 32 x 2048 pages 3.55 against 5.06 (512 threads,
-# keys in shared memory); 64 x 8192 8.08 against 9.94 (1024). 256 x 8192 gained too (13.23
-# against 14.66) but no bench has timed the rule over one wave yet: more rows keep the
-# shared-memory form until one does.
+# Rows select with their keys in registers, on 512 threads, where a row fits 512 x 16 keys; over
+# one wave of CTAs (rows > SMs) only rows that need 16 keys a thread. H200, tools/topk_latency.py,
+# us per launch in a graph, PDL (notes/KERNELS.md): at fe065b0 (2026-12-02) 32 x 2048 pages 3.55
+# against 5.06 (512 threads, keys in shared memory), 64 x 8192 8.08 against 9.94 (1024), 256 x
+# 8192 13.23 against 14.66; at 0d8eeda (2026-12-03) 512 x 8192 23.33 against 25.09 (512), but
+# 224 x 2048 at 512 x 4 keys 8.20 against 7.75 (256 threads x 8 keys took 5.86: not built).
 TK_REG_THREADS = 512
 
 
@@ -310,17 +310,18 @@ def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> 
     alone is the launch before the register form (topk_threads' CTA size)."""
     tuning = tuning or current_tuning()
     fits = [r for r in TK_REG_KEYS if r]
-    one_wave = rows <= sms
+    short = pages <= TK_REG_THREADS * fits[-2]  # rows that fit fewer keys a thread than the most
+    registers = (rows <= sms or not short) and pages <= TK_REG_THREADS * fits[-1]
     if tuning.tk_threads:
         threads = tuning.tk_threads
-    elif one_wave and pages <= TK_REG_THREADS * fits[-1] and tuning.tk_keys != 0:
+    elif registers and tuning.tk_keys != 0:
         threads = TK_REG_THREADS
     else:  # the shared-memory form, on the CTA size topk_threads gives it
-        threads, one_wave = topk_threads(rows, pages, sms, tuning), False
+        threads, registers = topk_threads(rows, pages, sms, tuning), False
     if tuning.tk_keys >= 0:
         return threads, tuning.tk_keys
     keys = [r for r in fits if threads * r >= pages]
-    return threads, keys[0] if keys and one_wave else 0
+    return threads, keys[0] if keys and registers else 0
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
@@ -385,6 +386,31 @@ def merge_scratch(splits: int, d: int, tile: int) -> int:
     """Floats of ring the wide merge takes: attention_merge.cuh's WideMerge::scratch."""
     cols = tile * d // 4  # float4 columns; slices of the splits: max(1, threads // cols)
     return -(-(splits * tile + tile) // 4) * 4 + (max(1, ATT_WARPS * 32 // cols) - 1) * cols * 4
+
+
+REGS_PER_SM, REG_WARP_UNIT = 65536, 256  # sm_90: registers per SM, allocated per warp in 256s
+
+
+def register_fit(regs: int, threads: int) -> int:
+    """CTAs of `threads` threads at `regs` registers each whose registers fit one SM."""
+    per_warp = -(-regs * 32 // REG_WARP_UNIT) * REG_WARP_UNIT
+    return REGS_PER_SM // (per_warp * -(-threads // 32)) if regs > 0 else 1 << 10
+
+
+def held_ring(run: AttentionLaunch, rows: int, sms: int, regs: int, d: int, tile: int, kv: str,
+              smem_per_sm: int = SMEM_PER_SM) -> int:
+    """Dynamic shared memory of an attention launch of `rows` rows (its kernel at `regs`
+    registers): run.ring, or, where more CTAs than run.ctas would fit an SM and the grid runs
+    more than one wave of run.ctas per SM, the least that leaves run.ctas fitting, so the waves
+    are the ones the splits were planned for. H200, 2026-12-03 (tools/residency_probe.py, us per
+    layer): Llama-3.1-405B dense 128K B8, 1,024 CTAs of 164 registers ran 3 per SM (2.6 waves
+    of 396) in 1,058.4 us, held at 2 (3.9 waves of 264) in 1,025.8; where registers already
+    hold 2, the same padding gained nothing and cost FP8 128K B8 3.8% (less L1)."""
+    fixed = static_bytes(d, tile, kv) + SMEM_RESERVED
+    fits = min(register_fit(regs, ATT_WARPS * 32), smem_per_sm // (run.ring + fixed))
+    if fits <= run.ctas or run.splits * rows <= run.ctas * sms:
+        return run.ring
+    return max(run.ring, smem_per_sm // (run.ctas + 1) + 1 - fixed)
 
 
 def attention_launch(rows: int, row_pages: int, d: int, tile: int, page_size: int, kv: str,
