@@ -2,12 +2,15 @@
 the bench protocol (cold per-layer pools, CUDA-graph replays of a pass of layers), with the scores
 of the two compared (relative error) and each time against the read ceiling measured first.
 
-    python tools/estimate_compare.py --old DIR [--cases FILE] [--out DIR]
+    python tools/estimate_compare.py --old DIR [--form cuda-core|args] [--cases FILE] [--out DIR]
 
 DIR holds an earlier commit's kernels/estimate.cu and the headers it includes (`git archive`
-of kernels/), whose estimate_kernel takes the same arguments (CUDA cores, 256 threads, a
-persistent wave: its launch rule is written out below as it was at 7d2f648). Cases: a bench file
-(default: scenarios/bench.toml); each case and mode is one row. Needs a CUDA GPU.
+of kernels/). --form says which estimate_kernel it is (FORMS): `cuda-core` (7d2f648's: CUDA
+cores, 256 threads, a persistent wave, its launch rule written out below) or `args` (05797cf's:
+today's tensor-core kernel and launch rule, every pointer and count a kernel argument where
+today's take a params struct). Both are timed twice, alternating, so a drift of the machine
+shows as a difference between the two timings of one. Cases: a bench file (default:
+scenarios/bench.toml); each case and mode is one row. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -64,6 +67,31 @@ def old_estimate(old_dir: Path, q, kv, mode: str):
     return scores
 
 
+def args_estimate(old_dir: Path, q, kv, mode: str):
+    """Scores of 05797cf's estimate_kernel (every argument apart) under today's launch rule."""
+    import cupy
+    import numpy as np
+
+    from questprof.backends import cupy as ops
+    from questprof.backends.launch_args import check_kv, check_q
+
+    q_tag, _, s_tag = check_kv(kv)
+    q_heads, g = check_q(q, kv)
+    nnz, d, m = int(kv.kv_indices.size), kv.head_dim, MODES.index(mode)
+    kernel = _old_kernel(str(old_dir), f"estimate_kernel<{q_tag}, {s_tag}, {d}, "
+                                       f"{variants.estimate_ntiles(g)}, 1>")
+    blocks = variants.estimate_blocks(nnz, kv.kv_heads, 1, g, ops._sm_count())
+    smem = variants.estimate_shared_bytes(d, g, kv.summary_dtype)
+    scores = cupy.empty((q_heads if m == 0 else kv.kv_heads, nnz), dtype=cupy.float32)
+    scale = kv.k_scale if kv.is_fp8 else np.uint64(0)
+    kernel((blocks,), (variants.EST_WARPS * 32,), (
+        q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, np.int32(kv.batch),
+        np.int32(kv.kv_heads), np.int32(nnz), np.int32(g), np.int32(m), scale, kv.last_page_len,
+        np.int32(kv.page_size)), shared_mem=smem)
+    return scores
+
+
+FORMS = {"cuda-core": old_estimate, "args": args_estimate}
 _OLD: dict = {}
 
 
@@ -78,7 +106,8 @@ def _old_kernel(old_dir: str, expr: str):
     return _OLD[(old_dir, expr)]
 
 
-def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int) -> dict:
+def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int,
+                 form: str = "cuda-core") -> dict:
     """One row: both estimates timed on the same pools, their scores compared."""
     import cupy
     import numpy as np
@@ -90,16 +119,18 @@ def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int) -> d
     layers = _layers(cfg, backend)
     work = Workload(cfg, backend, layers)
     new = work.launcher("estimate")
-    old = lambda l: old_estimate(old_dir, work.q, work.kvs[l], cfg.mode)  # noqa: E731
+    old = lambda l: FORMS[form](old_dir, work.q, work.kvs[l], cfg.mode)  # noqa: E731
     a, b = (cupy.asnumpy(f(0)).astype(np.float64) for f in (new, old))
     err = float(np.linalg.norm(a - b) / np.linalg.norm(b))
-    t_new, t_old = (time_layers(backend, f, layers, 3, repeats, True).median for f in (new, old))
+    t_new, t_old, t_new2, t_old2 = (time_layers(backend, f, layers, 3, repeats, True).median
+                                    for f in (new, old, new, old))
     mb = model.stage_work(cfg)["estimate"].read / 1e6
     del work
     release(backend)
     return {"model": cfg.model.name, "length": cfg.length, "batch": cfg.batch, "mode": cfg.mode,
             "group": cfg.model.group, "MB": mb, "old_us": t_old * 1e3, "new_us": t_new * 1e3,
-            "speedup": t_old / t_new, "old_ratio": mb * 1e6 / (t_old * 1e-3) / 1e9 / ceiling,
+            "old_us_2": t_old2 * 1e3, "new_us_2": t_new2 * 1e3,
+            "speedup": t_old / t_new, "speedup_2": t_old2 / t_new2, "old_ratio": mb * 1e6 / (t_old * 1e-3) / 1e9 / ceiling,
             "new_ratio": mb * 1e6 / (t_new * 1e-3) / 1e9 / ceiling, "scores_rel_err": err}
 
 
@@ -107,6 +138,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", type=Path, required=True, help="an earlier commit's kernels/")
     parser.add_argument("--cases", type=Path, default=None, help="bench file of the cases")
+    parser.add_argument("--form", choices=tuple(FORMS), default="cuda-core",
+                        help="which earlier estimate_kernel --old holds")
     parser.add_argument("--out", type=Path, default=None, help="folder for rows.json")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
@@ -119,11 +152,12 @@ def main() -> None:
     rows = []
     print(f"read ceiling {ceiling:.0f} GB/s", flush=True)
     for cfg in cases:
-        rows.append(compare_case(backend, cfg, args.old, ceiling, args.repeats))
+        rows.append(compare_case(backend, cfg, args.old, ceiling, args.repeats, args.form))
         r = rows[-1]
         print(f"{r['model']:>18} {r['length'] // 1024:>4}K B{r['batch']} {r['mode']:<11} "
               f"{r['MB']:8.1f} MB  old {r['old_us']:7.1f} us ({r['old_ratio']:.2f})  new "
-              f"{r['new_us']:7.1f} us ({r['new_ratio']:.2f})  x{r['speedup']:.2f}  "
+              f"{r['new_us']:7.1f} us ({r['new_ratio']:.2f})  x{r['speedup']:.3f}, again "
+              f"{r['old_us_2']:.1f} / {r['new_us_2']:.1f} x{r['speedup_2']:.3f}  "
               f"err {r['scores_rel_err']:.1e}", flush=True)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
