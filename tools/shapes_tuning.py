@@ -33,7 +33,8 @@ from questprof.backends import variants  # noqa: E402
 from questprof.core import model  # noqa: E402
 from questprof.core.config import Config, ModelShape  # noqa: E402
 
-# (label, bench.toml model, length, batch): the four missed cases and llama3-8b as the reference
+# (label, bench.toml model, length, batch): issue 24's four missed cases, llama3-8b as the
+# reference, and issue 30's dense cases
 CASES = {
     "llama3-8b": ("llama3-8b", 32768, 1),
     "qwen": ("qwen2.5-7b", 32768, 1),
@@ -42,6 +43,11 @@ CASES = {
     "phi-b8": ("phi-3-mini", 131072, 8),
     "fp8": ("llama3.1-8b-fp8", 32768, 1),
     "mha": ("mha-32h-d128", 32768, 1),
+    # issue 30's dense goal (at most the fastest peer) where ours trails SDPA most
+    "70b-b8": ("llama3.1-70b-tp8", 131072, 8),
+    "gptoss": ("gpt-oss-20b", 32768, 1),
+    "qwen-b8": ("qwen2.5-7b", 131072, 8),
+    "fp8-b8": ("llama3.1-8b-fp8", 131072, 8),
 }
 # QP_TUNE values of dense attention ('' = the default launch; ctas=2 = the launch of commit
 # ab138da, 2 CTAs per SM for every shape): CTAs per SM, a floor in bytes per split, and deeper
