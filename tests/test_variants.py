@@ -122,15 +122,17 @@ def test_default_splits_are_todays_past_few_rows(rows, pages, s, tt):
 @pytest.mark.parametrize("rows,pages,want", [(8, 2048, (16, 128)), (4, 2048, (33, 63)),
                                              (1, 1, (1, 8)), (5, 37, (5, 8))])
 def test_dense_few_rows_take_one_cta_per_sm(rows, pages, want):
-    """Dense rows of tile >= 8 over a 16-bit cache that 2 per SM would cut into >= 32 splits plan
-    1 CTA per SM (the G 16 shape: 8 rows, 16 x 128; Qwen2.5-7B: 4 rows, 33 x 63); tile 4
-    (llama3-8b), an FP8 cache and selections keep 2 (each measured slower at 1)."""
-    one = variants.attention_ctas(rows, 132, tile=8)
-    assert one == variants.attention_ctas(rows, 132, tile=16) == 1
+    """Dense rows of tile 16 over a 16-bit cache that 2 per SM would cut into >= 32 splits plan
+    1 CTA per SM (the G 16 shape: 8 rows, 16 x 128); tile 8 (the 70B share, GPT-OSS-20B,
+    Qwen2.5-7B since 2b5e07e), tile 4 (llama3-8b), an FP8 cache and selections keep 2 (each
+    measured slower at 1)."""
+    one = variants.attention_ctas(rows, 132, tile=16)
+    assert one == 1
     assert variants.attention_splits(rows, pages, 16, 16, 512, 132, ctas=one) == want
-    assert variants.attention_ctas(rows, 132, E4M3, tile=8) == variants.attention_ctas(
-        rows, 132, dense=False, tile=8) == variants.attention_ctas(rows, 132, tile=4) == 2
-    assert variants.attention_ctas(16, 132, tile=8) == variants.attention_ctas(32, 132) == 2
+    assert variants.attention_ctas(rows, 132, E4M3, tile=16) == variants.attention_ctas(
+        rows, 132, dense=False, tile=16) == variants.attention_ctas(rows, 132, tile=8) == \
+        variants.attention_ctas(rows, 132, tile=4) == 2
+    assert variants.attention_ctas(16, 132, tile=16) == variants.attention_ctas(32, 132) == 2
 
 
 def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():
@@ -203,9 +205,10 @@ KIB = 1024
 
 
 @pytest.mark.parametrize("rows,pages,d,tile,kv,tune,want", [
-    # Qwen2.5-7B dense 32K B1 (4 rows, tile 8): 1 CTA per SM by default, its measured S 16 build
-    (4, 2048, 128, 8, "bf16", "", (33, 63, 2, 64 * KIB, 16, 1)),
-    (4, 2048, 128, 8, "bf16", "ctas=2", (64, 32, 2, 64 * KIB, 16, 2)),  # the launch of ab138da
+    # Qwen2.5-7B dense 32K B1 (4 rows, tile 8): 2 CTAs per SM by default (since 2b5e07e; the
+    # launch of ab138da), its measured S 16 build; G 16 (8 rows) takes 1, page size at launch
+    (4, 2048, 128, 8, "bf16", "", (64, 32, 2, 64 * KIB, 16, 2)),
+    (8, 2048, 128, 16, "bf16", "", (16, 128, 2, 64 * KIB, 0, 1)),
     (4, 2048, 128, 8, "bf16", "stages=6", (33, 63, 6, 192 * KIB, 0, 1)),  # deep: page at launch
     (8, 2048, 128, 16, "bf16", "ctas=2,stages=4", (16, 128, 4, 128 * KIB, 0, 1)),  # 1 fits
     (8, 2048, 128, 4, E4M3, "", (33, 63, 3, 96 * KIB, 0, 2)),  # FP8 keeps 2 per SM
@@ -248,7 +251,7 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
     wide = variants.parse_tuning("merge=wide")
     assert wide.name == "ctas auto, merge wide"
     run = variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132, tuning=wide)
-    assert (run.merge, run.name) == ("wide", "33 x 63, 2 stages, merge wide")
+    assert (run.merge, run.name) == ("wide", "64 x 32, 2 stages, merge wide")
     # the default (auto): wide for rows of >= 16 splits, dense or sparse, old below and explicitly
     assert variants.attention_launch(4, 2048, 128, 8, 16, "bf16", 132).merge == "wide"
     few = variants.attention_launch(4, 128, 128, 4, 16, "bf16", 132, dense=False)

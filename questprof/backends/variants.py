@@ -40,7 +40,10 @@ SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
 # 1 CTA per SM for dense rows of tiles >= FEW_ROW_TILE (16-bit cache) that 2 per SM would cut
 # into >= FEW_ROW_SPLITS splits. H200, dense 32K B1, 2 -> 1: Qwen2.5-7B 39.4 -> 33.4 us, G 16 59.2
 # -> 52.5; llama3-8b (tile 4) 43.2 -> 49.0, FP8 29.2 -> 30.7, so those keep 2 (commit 7e54a70).
-FEW_ROW_SPLITS, FEW_ROW_TILE = 32, 8
+# Tile 8 went back to 2 at 2b5e07e (tools/shapes_tuning.py, us, 1 -> 2 per SM): the 70B share
+# 128K B8 154.4 -> 136.8, GPT-OSS-20B 32K B1 28.2 -> 25.3, Qwen2.5-7B 32K B1 28.7 -> 28.4; G 16
+# 32K B1 kept 1 (51.2 against 55.3 at 2).
+FEW_ROW_SPLITS, FEW_ROW_TILE = 32, 16
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
 TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
 # (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
