@@ -50,7 +50,7 @@ constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
 // topk.cu: keys per thread of the register form (select_small), built at every CTA size; 0 is
 // the shared-memory form (select_row). Picked at launch by the rows and their length
 // (backends/variants.py, topk_form) or by QP_TUNE tk_keys.
-constexpr int TK_REG_KEYS[] = {0, 4, 16};
+constexpr int TK_REG_KEYS[] = {0, 4, 8, 16};
 
 // page_cache.cu: the step's CTA (one per (request, KV head): its loops run over K chosen pages and
 // C slots, each slot's rank among C keys, so C^2 / PC_THREADS compares) and the fill's (one per

@@ -12,11 +12,12 @@ from questprof.core.layout import PagedKV, page_tables
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True, params=["", "tk_keys=0", "tk_threads=256,tk_keys=16"])
+@pytest.fixture(autouse=True, params=["", "tk_keys=0", "tk_threads=256,tk_keys=16",
+                                      "tk_threads=256,tk_keys=8"])
 def form(request, monkeypatch):
     """Every test under the launch rule (keys in registers where a row fits), the shared-memory
-    form forced, and the register form of 256 x 16 keys (rows over 4096 pages fall back to the
-    shared-memory form inside the kernel)."""
+    form forced, and the register forms of 256 x 16 and 256 x 8 keys (longer rows fall back to
+    the shared-memory form inside the kernel)."""
     monkeypatch.setenv("QP_TUNE", request.param)
     return request.param
 

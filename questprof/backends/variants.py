@@ -298,13 +298,14 @@ def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) 
 
 
 
-# Rows select with their keys in registers, on 512 threads, where a row fits 512 x 16 keys; over
-# one wave of CTAs (rows > SMs) only rows that need 16 keys a thread. H200, tools/topk_latency.py,
-# us per launch in a graph, PDL (notes/KERNELS.md): at fe065b0 (2026-12-02) 32 x 2048 pages 3.55
-# against 5.06 (512 threads, keys in shared memory), 64 x 8192 8.08 against 9.94 (1024), 256 x
-# 8192 13.23 against 14.66; at 0d8eeda (2026-12-03) 512 x 8192 23.33 against 25.09 (512), but
-# 224 x 2048 at 512 x 4 keys 8.20 against 7.75 (256 threads x 8 keys took 5.86: not built).
-TK_REG_THREADS = 512
+# Rows select with their keys in registers where a row fits 512 x 16 keys: on 512 threads, or on
+# 256 for rows over one wave of CTAs (rows > SMs) of at most 256 x 8 pages; the smallest count of
+# keys per thread that holds the row. H200, tools/topk_latency.py, us per launch in a graph, PDL
+# (notes/KERNELS.md): at fe065b0 (2026-12-02) 32 x 2048 pages 3.55 against 5.06 (512 threads,
+# keys in shared memory), 64 x 8192 8.08 against 9.94 (1024), 256 x 8192 13.23 against 14.66; at
+# 0d8eeda 512 x 8192 23.33 against 25.09 (512), and 224 x 2048 5.86 on 256 threads x 8 keys
+# against 7.75 (shared memory, 512) and 8.20 (512 x 4 keys).
+TK_REG_THREADS, TK_NARROW_THREADS, TK_NARROW_KEYS = 512, 256, 8
 
 
 def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
@@ -313,12 +314,12 @@ def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> 
     alone is the launch before the register form (topk_threads' CTA size)."""
     tuning = tuning or current_tuning()
     fits = [r for r in TK_REG_KEYS if r]
-    short = pages <= TK_REG_THREADS * fits[-2]  # rows that fit fewer keys a thread than the most
-    registers = (rows <= sms or not short) and pages <= TK_REG_THREADS * fits[-1]
+    registers = pages <= TK_REG_THREADS * fits[-1]
+    narrow = rows > sms and pages <= TK_NARROW_THREADS * TK_NARROW_KEYS
     if tuning.tk_threads:
         threads = tuning.tk_threads
     elif registers and tuning.tk_keys != 0:
-        threads = TK_REG_THREADS
+        threads = TK_NARROW_THREADS if narrow else TK_REG_THREADS
     else:  # the shared-memory form, on the CTA size topk_threads gives it
         threads, registers = topk_threads(rows, pages, sms, tuning), False
     if tuning.tk_keys >= 0:
