@@ -10,7 +10,8 @@ import numpy as np
 
 def make() -> types.ModuleType:
     """A fresh module named cupy; its LAUNCHES list holds (expression, grid, block, args,
-    shared_mem) of every launch."""
+    shared_mem) of every launch, and a launch over 48 KiB of dynamic shared memory must have
+    raised the kernel's attribute first (as a GPU refuses it otherwise)."""
     cupy = types.ModuleType("cupy")
     cupy.ndarray, cupy.asarray, cupy.asnumpy = np.ndarray, np.asarray, np.asarray
     cupy.empty, cupy.zeros, cupy.ascontiguousarray = np.empty, np.zeros, np.ascontiguousarray
@@ -27,6 +28,8 @@ def make() -> types.ModuleType:
             self.expression, self.max_dynamic_shared_size_bytes = expression, 0
 
         def __call__(self, grid, block, args, shared_mem=0):
+            assert shared_mem <= max(self.max_dynamic_shared_size_bytes, 48 * 1024), (
+                f"{self.expression}: {shared_mem} bytes over the kernel's attribute")
             cupy.LAUNCHES.append((self.expression, tuple(grid), tuple(block), args, shared_mem))
 
     class RawModule:

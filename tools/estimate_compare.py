@@ -8,9 +8,9 @@ DIR holds an earlier commit's kernels/estimate.cu and the headers it includes (`
 of kernels/). --form says which estimate_kernel it is (FORMS): `cuda-core` (7d2f648's: CUDA
 cores, 256 threads, a persistent wave, its launch rule written out below) or `args` (05797cf's:
 today's tensor-core kernel and launch rule, every pointer and count a kernel argument where
-today's take a params struct). Both are timed twice, alternating, so a drift of the machine
-shows as a difference between the two timings of one. Cases: a bench file (default:
-scenarios/bench.toml); each case and mode is one row. Needs a CUDA GPU.
+today's take a params struct). Both are timed twice, alternating (new, old, new, old), so
+a drift of the machine shows as a difference between the two timings of one. Cases: a bench
+file (default: scenarios/bench.toml); each case and mode is one row. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def args_estimate(old_dir: Path, q, kv, mode: str):
     smem = variants.estimate_shared_bytes(d, g, kv.summary_dtype)
     scores = cupy.empty((q_heads if m == 0 else kv.kv_heads, nnz), dtype=cupy.float32)
     scale = kv.k_scale if kv.is_fp8 else np.uint64(0)
+    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, smem)
     kernel((blocks,), (variants.EST_WARPS * 32,), (
         q, kv.summary, kv.kv_indptr, kv.kv_indices, scores, np.int32(kv.batch),
         np.int32(kv.kv_heads), np.int32(nnz), np.int32(g), np.int32(m), scale, kv.last_page_len,
@@ -106,6 +107,11 @@ def _old_kernel(old_dir: str, expr: str):
     return _OLD[(old_dir, expr)]
 
 
+def _launcher(estimate, old_dir: Path, q, kvs, mode: str):
+    """launch(layer) of an earlier estimate over the workload's pools."""
+    return lambda layer: estimate(old_dir, q, kvs[layer], mode)
+
+
 def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int,
                  form: str = "cuda-core") -> dict:
     """One row: both estimates timed on the same pools, their scores compared."""
@@ -119,7 +125,7 @@ def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int,
     layers = _layers(cfg, backend)
     work = Workload(cfg, backend, layers)
     new = work.launcher("estimate")
-    old = lambda l: FORMS[form](old_dir, work.q, work.kvs[l], cfg.mode)  # noqa: E731
+    old = _launcher(FORMS[form], old_dir, work.q, work.kvs, cfg.mode)
     a, b = (cupy.asnumpy(f(0)).astype(np.float64) for f in (new, old))
     err = float(np.linalg.norm(a - b) / np.linalg.norm(b))
     t_new, t_old, t_new2, t_old2 = (time_layers(backend, f, layers, 3, repeats, True).median
@@ -130,7 +136,8 @@ def compare_case(backend, cfg, old_dir: Path, ceiling: float, repeats: int,
     return {"model": cfg.model.name, "length": cfg.length, "batch": cfg.batch, "mode": cfg.mode,
             "group": cfg.model.group, "MB": mb, "old_us": t_old * 1e3, "new_us": t_new * 1e3,
             "old_us_2": t_old2 * 1e3, "new_us_2": t_new2 * 1e3,
-            "speedup": t_old / t_new, "speedup_2": t_old2 / t_new2, "old_ratio": mb * 1e6 / (t_old * 1e-3) / 1e9 / ceiling,
+            "speedup": t_old / t_new, "speedup_2": t_old2 / t_new2,
+            "old_ratio": mb * 1e6 / (t_old * 1e-3) / 1e9 / ceiling,
             "new_ratio": mb * 1e6 / (t_new * 1e-3) / 1e9 / ceiling, "scores_rel_err": err}
 
 

@@ -78,6 +78,8 @@ def _probe(cfg, backend, hold: int, repeats: int) -> str:
         held = time_layers(backend, launch, layers, 3, repeats, True).median
     finally:
         cb.variants.held_ring, cb.load_kernel = rule, plain_load
+    if "attention" not in seen:
+        return f"{cfg.model.name}: no attention launch was seen (nothing timed)"
     run, kernel = seen["run"], seen["attention"]
     name = f"{cfg.model.name[:18]} {cfg.length // 1024}K B{cfg.batch}"
     return (f"{name:<32}{seen['regs']:>5}{str(run.splits) + 'x' + str(seen['rows']):>9}"
@@ -86,12 +88,14 @@ def _probe(cfg, backend, hold: int, repeats: int) -> str:
 
 
 def _occupancy(kernel, shared: int) -> int:
-    """CTAs of 128 threads the driver fits on an SM at `shared` bytes of dynamic shared memory."""
+    """CTAs of attention's size the driver fits on an SM at `shared` bytes of dynamic shared
+    memory."""
+    from questprof.backends import variants
     from questprof.backends.pdl import _driver
 
     driver = _driver()
     err, n = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        driver.CUfunction(kernel.kernel.ptr), 128, int(shared))
+        driver.CUfunction(kernel.kernel.ptr), variants.ATT_WARPS * 32, int(shared))
     return int(n) if err == driver.CUresult.CUDA_SUCCESS else -1
 
 
