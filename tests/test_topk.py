@@ -71,6 +71,15 @@ def test_long_rows(gpu, rng, pages, k_pages):
     _check(gpu, scores, lengths, k_pages)
 
 
+@pytest.mark.parametrize("pages", [1000, 2048, 3000, 8192])
+def test_rows_over_one_wave(gpu, rng, pages):
+    """More rows than SMs (2 heads x 70 requests), ragged around `pages` pages: the forms of the
+    rule's over-wave table (256 x 8 keys to 2,048 pages, 512 x 16 to 8,192)."""
+    lengths = [16 * pages - int(n) for n in rng.integers(0, 16 * 40, 70)]
+    nnz = sum(-(-n // 16) for n in lengths)
+    _check(gpu, rng.standard_normal((2, nnz), dtype=np.float32), lengths, 128)
+
+
 @pytest.mark.parametrize("kind", ["extremes", "decades", "near-equal", "constant"])
 def test_score_ranges(gpu, rng, kind):
     """The range select narrows [min, max] of the row: huge spans (infinities, NaN, +-1e30,

@@ -282,16 +282,16 @@ def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
         assert run.stages == (int(tune[-1]) if tune else constants.per_group("ATT_STAGES", tile))
 
 
-@pytest.mark.parametrize("rows,pages,want", [(32, 2048, (512, 4)), (8, 2049, (512, 8)),
+@pytest.mark.parametrize("rows,pages,want", [(32, 2048, (512, 4)), (8, 2049, (512, 16)),
                                              (64, 8192, (512, 16)), (32, 8193, (1024, 0)),
-                                             (133, 2048, (256, 8)), (224, 1024, (256, 4)),
-                                             (256, 8192, (512, 16)), (133, 2049, (512, 8)),
+                                             (133, 2048, (256, 8)), (224, 1024, (256, 8)),
+                                             (256, 8192, (512, 16)), (133, 2049, (512, 16)),
                                              (1024, 8193, (512, 0))])
 def test_topk_form_follows_the_rows(monkeypatch, rows, pages, want):
-    """Keys in registers for rows that fit 512 x 16 keys, the smallest count of keys per thread
-    that holds the row: on 512 threads, on 256 for rows over one wave (132 SMs) of at most 256 x
-    8 pages; the shared-memory form (0) past 512 x 16; QP_TUNE tk_threads and tk_keys override
-    the rule, a bad tk_keys is named."""
+    """Keys in registers for rows that fit 512 x 16 keys, the first form of the rule's table that
+    holds the row: 512 x 4 then 512 x 16 for rows of one wave (132 SMs), 256 x 8 then 512 x 16
+    over one wave; the shared-memory form (0) past 512 x 16; QP_TUNE tk_threads (the fewest keys
+    that hold the row) and tk_keys override the rule, a bad tk_keys is named."""
     monkeypatch.delenv("QP_TUNE", raising=False)
     assert variants.topk_form(rows, pages, 132) == want
     monkeypatch.setenv("QP_TUNE", "tk_keys=0")  # the launch before the register form

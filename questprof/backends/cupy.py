@@ -193,7 +193,8 @@ def run_attention(q, kv: PagedKV, cache, tags, group: int, sel=None, count=None,
     kernel = load_kernel("attention", expr, defines)
     shared = variants.held_ring(run, rows, _sm_count(), _registers("attention", expr, defines),
                                 d, G, kv.kv_dtype, _smem_per_sm())
-    kernel.max_dynamic_shared_size_bytes = shared
+    # never lowered: a graph captured with a held (larger) launch may replay after a smaller one
+    kernel.max_dynamic_shared_size_bytes = max(kernel.max_dynamic_shared_size_bytes, shared)
     p = params.pack(params.ATTENTION, cache=cache, q=q, sel=sel,
                     count=None if sel is None else count, out=out, lse=lse, ws_o=ws_o,
                     ws_lse=ws_lse, row_done=row_done, q_heads=q_heads, chunks=plan.chunks,

@@ -298,34 +298,37 @@ def topk_threads(rows: int, pages: int, sms: int, tuning: Tuning | None = None) 
 
 
 
-# Rows select with their keys in registers where a row fits 512 x 16 keys: on 512 threads, or on
-# 256 for rows over one wave of CTAs (rows > SMs) of at most 256 x 8 pages; the smallest count of
-# keys per thread that holds the row. H200, tools/topk_latency.py, us per launch in a graph, PDL
-# (notes/KERNELS.md): at fe065b0 (2026-12-02) 32 x 2048 pages 3.55 against 5.06 (512 threads,
-# keys in shared memory), 64 x 8192 8.08 against 9.94 (1024), 256 x 8192 13.23 against 14.66; at
-# 0d8eeda 512 x 8192 23.33 against 25.09 (512), and 224 x 2048 5.86 on 256 threads x 8 keys
-# against 7.75 (shared memory, 512) and 8.20 (512 x 4 keys).
-TK_REG_THREADS, TK_NARROW_THREADS, TK_NARROW_KEYS = 512, 256, 8
+# The register form of top-K: (threads, keys per thread), the first that holds the row, for rows
+# that fit one wave of CTAs (rows <= SMs) and for rows over one wave; longer rows keep their keys
+# in shared memory. H200, tools/topk_latency.py, us per launch in a graph, PDL (notes/KERNELS.md):
+# at fe065b0 (2026-12-02) 32 x 2048 pages 3.55 against 5.06 (512 threads, keys in shared memory),
+# 64 x 8192 8.08 against 9.94 (1024), 256 x 8192 13.23 against 14.66; at 0d8eeda 512 x 8192 23.33
+# against 25.09 (512), and 224 x 2048 5.86 on 256 threads x 8 keys against 7.75 (shared memory,
+# 512) and 8.20 (512 x 4 keys). Every form here ran in the gpu-marked suite (test_topk).
+TK_ONE_WAVE_FORMS = ((512, 4), (512, 16))
+TK_OVER_WAVE_FORMS = ((256, 8), (512, 16))
 
 
 def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> tuple[int, int]:
     """(threads, keys per thread) of topk_kernel for `rows` rows of at most `pages` pages: keys
-    0 for the shared-memory form. QP_TUNE's tk_threads and tk_keys override the rule; tk_keys=0
-    alone is the launch before the register form (topk_threads' CTA size)."""
+    0 for the shared-memory form. QP_TUNE's tk_threads and tk_keys override the rule (tk_threads
+    alone: the fewest keys of TK_REG_KEYS that hold the row); tk_keys=0 alone is the launch before
+    the register form (topk_threads' CTA size)."""
     tuning = tuning or current_tuning()
-    fits = [r for r in TK_REG_KEYS if r]
-    registers = pages <= TK_REG_THREADS * fits[-1]
-    narrow = rows > sms and pages <= TK_NARROW_THREADS * TK_NARROW_KEYS
+    forms = TK_ONE_WAVE_FORMS if rows <= sms else TK_OVER_WAVE_FORMS
+    form = next(((t, r) for t, r in forms if t * r >= pages), None)
     if tuning.tk_threads:
         threads = tuning.tk_threads
-    elif registers and tuning.tk_keys != 0:
-        threads = TK_NARROW_THREADS if narrow else TK_REG_THREADS
+    elif form is not None and tuning.tk_keys != 0:
+        threads = form[0]
     else:  # the shared-memory form, on the CTA size topk_threads gives it
-        threads, registers = topk_threads(rows, pages, sms, tuning), False
+        threads, form = topk_threads(rows, pages, sms, tuning), None
     if tuning.tk_keys >= 0:
         return threads, tuning.tk_keys
-    keys = [r for r in fits if threads * r >= pages]
-    return threads, keys[0] if keys and registers else 0
+    if not tuning.tk_threads:
+        return threads, form[1] if form else 0
+    keys = [r for r in TK_REG_KEYS if r and threads * r >= pages]
+    return threads, keys[0] if keys and form else 0
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
