@@ -146,7 +146,7 @@ QP_DEVICE void finish(const St& st, const RowPlan& r, int q_heads, int splits, f
 // from a params struct is not known read-only past an asm with a memory clobber (cp.async,
 // griddepcontrol), so the loads nvcc made ld.global.nc through __restrict__ kernel parameters
 // say so (__ldg, load16_ro, load4_ro).
-template <typename T, typename KV, int D, int S, int G, int NS>
+template <typename T, typename KV, int D, int S, int G, int NS, bool NHD = false>
 QP_DEVICE void attention_run(const uint16_t* __restrict__ q, const word_t<KV>* __restrict__ k,
                               const word_t<KV>* __restrict__ v, const int* __restrict__ indptr,
                               const int* __restrict__ indices, const int* __restrict__ last_len,
@@ -160,7 +160,7 @@ QP_DEVICE void attention_run(const uint16_t* __restrict__ q, const word_t<KV>* _
                               const float* __restrict__ v_scale, int merge) {
   using St = Tile<T, KV, D, G>;
   static_assert(NS >= 2, "a ring holds the tile computed and at least one in flight");
-  const Paging<S> pg(page_shift);
+  const Paging<S, NHD> pg(page_shift);
   // ATT_WARPS x NS stages x STAGE (the launcher sizes it). 128-byte aligned: dynamic shared memory
   // starts after the static arrays, and at 48 mod 128 every warp's 512-byte cp.async took twice
   // the L2 requests (dense 32K 161 us against 131 us aligned, on an H200).
@@ -228,11 +228,11 @@ QP_DEVICE void attention_run(const uint16_t* __restrict__ q, const word_t<KV>* _
                           att_ring, merge);
 }
 
-template <typename T, typename KV, int D, int S, int G, int NS>
+template <typename T, typename KV, int D, int S, int G, int NS, bool NHD = false>
 __global__ void __launch_bounds__(ATT_WARPS * 32, measured_build<T, KV, D, G> && S > 0 ? 0 : 2)
 attention_kernel(const __grid_constant__ AttentionParams p) {
   const PagedCache& c = p.cache;
-  attention_run<T, KV, D, S, G, NS>(
+  attention_run<T, KV, D, S, G, NS, NHD>(
       p.q, c.keys<KV>(), c.values<KV>(), c.indptr, c.indices, c.last_page_len, p.sel, p.count,
       c.batch, p.q_heads, c.kv_heads, p.chunks, p.chunk_size, p.sel_per_q, p.k_sel,
       p.count_per_head, p.pages_per_split, c.page_shift, p.scale_log2, p.out, p.lse, p.ws_o,
@@ -272,8 +272,16 @@ struct AttentionDeep {
       (void)&attention_kernel<Tag<T>, Tag<KV>, D, 0, G, NS>;
   }
 };
+// Token-major pages (NHD): 16-bit caches at ATT_NHD_HEAD_DIMS, page size at launch.
+struct AttentionNhd {
+  template <int T, int D, int G> static void run() {
+    if constexpr (builds_head_dim(D))
+      (void)&attention_kernel<Tag<T>, Tag<T>, D, 0, G, ATT_STAGES[group_index(G)], true>;
+  }
+};
 void attention_all() {
   Cross<Attention>::run<DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_GROUPS, QP_PAGE_SIZES>();
+  Cross<AttentionNhd>::run<DTYPES, ATT_NHD_HEAD_DIMS, QP_GROUPS>();
   Cross<AttentionDeep>::run<DTYPES, KV_DTYPES, ATT_DEEP_HEAD_DIMS, ATT_DEEP_GROUPS,
                             ATT_DEEP_STAGES>();
 }

@@ -36,19 +36,25 @@ template <int N> QP_DEVICE void cp_async_wait() {
 // Page size: a template argument (S > 0: the variants timed on the H200, measured_variant in
 // constants.cuh) or, S == 0, its log2 taken at launch (every other variant: one build serves
 // every page size, so CI compiles 5 x fewer of them; a shift by a register costs what a shift
-// by a constant does).
-template <int S> struct Paging {
+// by a constant does). NHD: the pool's layout (common.cuh, PageRows).
+template <int S, bool NHD = false> struct Paging : PageRows<NHD> {
   QP_DEVICE explicit Paging(int) {}
   QP_DEVICE int page(int t) const { return t / S; }
   QP_DEVICE int slot(int t) const { return t % S; }
   QP_DEVICE int size() const { return S; }
+  QP_DEVICE size_t row(int page, int slot, int kv_heads, int h) const {
+    return PageRows<NHD>::row(page, slot, S, kv_heads, h);
+  }
 };
-template <> struct Paging<0> {
+template <bool NHD> struct Paging<0, NHD> : PageRows<NHD> {
   int shift;
   QP_DEVICE explicit Paging(int log2_size) : shift(log2_size) {}
   QP_DEVICE int page(int t) const { return t >> shift; }
   QP_DEVICE int slot(int t) const { return t & ((1 << shift) - 1); }
   QP_DEVICE int size() const { return 1 << shift; }
+  QP_DEVICE size_t row(int page, int slot, int kv_heads, int h) const {
+    return PageRows<NHD>::row(page, slot, size(), kv_heads, h);
+  }
 };
 
 // Token t of a split holds a valid key: its page exists and t is below the page's fill.
@@ -93,13 +99,12 @@ struct Ring {
                               int lane) {
     if constexpr (TT <= QP_PAGE_SIZES[0]) {
       const int pl = pg.page(tok0), s0 = pg.slot(tok0), valid = pl < nb ? s_valid[pl] - s0 : 0;
-      const size_t base =
-          valid > 0 ? (((size_t)s_page[pl] * kv_heads + kv_head) * pg.size() + s0) * D : 0;
+      const size_t base = valid > 0 ? pg.row(s_page[pl], s0, kv_heads, kv_head) * D : 0;
 #pragma unroll
       for (int i = 0; i < NC; ++i) {
         const int x = i * 32 + lane, tl = x / P, c = x % P;
         const bool ok = tl < valid;
-        const size_t off = ok ? base + (size_t)tl * D + c * VP : 0;
+        const size_t off = ok ? base + (size_t)tl * pg.stride(kv_heads) * D + c * VP : 0;
         const int at = SWIZZLE ? slot(tl, c) : x;
         cp_async16(buf + at, k + off, ok);
         cp_async16(buf + TT * RS + at, v + off, ok);
@@ -112,8 +117,8 @@ struct Ring {
         const int c = 32 % P == 0 ? lane % P : x % P;
         const int t = tok0 + tl;
         const bool ok = token_valid(pg, s_valid, nb, t);
-        const size_t off = ok ? (((size_t)s_page[pg.page(t)] * kv_heads + kv_head) * pg.size()
-                                 + pg.slot(t)) * D + c * VP : 0;
+        const size_t off = ok ? pg.row(s_page[pg.page(t)], pg.slot(t), kv_heads, kv_head) * D
+                                    + c * VP : 0;
         const int at = SWIZZLE ? slot(tl, c) : x;  // = slot(tl, c) unswizzled
         cp_async16(buf + at, k + off, ok);
         cp_async16(buf + TT * RS + at, v + off, ok);

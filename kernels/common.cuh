@@ -263,6 +263,17 @@ QP_DEVICE int request_of(const int* __restrict__ indptr, int batch, int i) {
 
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
+// Where a token's D values sit in a K or V pool: head-major pages (NHD false: [N, Hkv, S, D], one
+// page of one head a contiguous S x D block, ours) or token-major ones (true: [N, S, Hkv, D], the
+// blocks of transformers' and vLLM's paged caches, read in place). row() counts rows of D values
+// from the pool's start; a page's consecutive slots of one head are stride() rows apart.
+template <bool NHD> struct PageRows {
+  static QP_DEVICE size_t row(int page, int slot, int size, int kv_heads, int h) {
+    return NHD ? ((size_t)page * size + slot) * kv_heads + h
+               : ((size_t)page * kv_heads + h) * size + slot;
+  }
+  static QP_DEVICE int stride(int kv_heads) { return NHD ? kv_heads : 1; }
+};
 // +-infinity, named once: a masked score and the maximum of a row with no key (NEG_INF), the
 // identities of a min / max. __builtin_bit_cast is a constant expression under nvcc and NVRTC
 // (NVRTC 13.0 has no __builtin_huge_valf, and __int_as_float is not constexpr).

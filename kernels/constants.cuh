@@ -80,6 +80,11 @@ constexpr int ATT_DEEP_STAGES[] = {4, 6};
 constexpr int ATT_DEEP_HEAD_DIMS[] = {128};
 constexpr int ATT_DEEP_GROUPS[] = {4, 8, 16};
 
+// attention.cu over token-major pages (NHD: [N, S, Hkv, d], the blocks of transformers' and
+// vLLM's paged caches, read in place): built for 16-bit caches at these head dims, every tile,
+// the tile's own ring, the page size at launch (backends/variants.py, layout_problem).
+constexpr int ATT_NHD_HEAD_DIMS[] = {64, 128};
+
 // Position of G in QP_GROUPS, -1 when G is not built (used in constant expressions only).
 __host__ __device__ constexpr int group_index(int g) {
   for (int i = 0; i < int(sizeof(QP_GROUPS) / sizeof(QP_GROUPS[0])); ++i)

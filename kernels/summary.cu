@@ -57,7 +57,9 @@ QP_DEVICE BoxSlots box_slots(int box, int page_size, int first, int end) {
 // The kernel's body, over its params' fields (the kernel below unpacks them; read-only loads:
 // kernels/common.cuh, load16_ro).
 // k_scale: the cache's scales (E4M3 cache) or the summaries' (E4M3 over a 16-bit cache).
-template <typename K, typename TS, int D, int BOXES>
+// NHD: the keys' pages token-major ([N, S, Hkv, d], attention_tile.cuh's Paging says so), read
+// in place; the summaries keep their own layout.
+template <typename K, typename TS, int D, int BOXES, bool NHD = false>
 QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restrict__ summ,
                            const int* __restrict__ page_ids, const int* __restrict__ first,
                            const int* __restrict__ end, int kv_heads, int page_size,
@@ -71,7 +73,7 @@ QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restri
     const BoxSlots slots = box_slots<BOXES>(box, page_size, first_slot, end_slot);
     if (slots.lo >= slots.hi) continue;  // the plan writes no slot of this box
     const size_t head = (size_t)page * kv_heads + h;
-    const word_t<K>* keys = k + head * page_size * D + c * VEC;
+    const word_t<K>* keys = k + PageRows<NHD>::row(page, 0, page_size, kv_heads, h) * D + c * VEC;
     word_t<TS>* out = summ + (head * BOXES + box) * 2 * D + c * VEC;
     float lo[VEC], hi[VEC], x[VEC];
 #pragma unroll
@@ -82,7 +84,7 @@ QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restri
     }
 #pragma unroll 4
     for (int s = slots.lo; s < slots.hi; ++s) {
-      read8<K>(keys + (size_t)s * D, x);
+      read8<K>(keys + (size_t)s * PageRows<NHD>::stride(kv_heads) * D, x);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) { lo[j] = fminf(lo[j], x[j]); hi[j] = fmaxf(hi[j], x[j]); }
     }
@@ -115,11 +117,11 @@ QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restri
   }
 }
 
-template <typename K, typename TS, int D, int BOXES>
+template <typename K, typename TS, int D, int BOXES, bool NHD = false>
 __global__ void __launch_bounds__(SUM_THREADS)
 summary_kernel(const SummaryParams p) {
   const PagedCache& c = p.cache;
-  summary_run<K, TS, D, BOXES>(c.keys<K>(), static_cast<word_t<TS>*>(p.summ), p.page_ids,
+  summary_run<K, TS, D, BOXES, NHD>(c.keys<K>(), static_cast<word_t<TS>*>(p.summ), p.page_ids,
                                p.first, p.end, c.kv_heads, c.page_size,
                                is_e4m3<K> ? c.k_scale : p.summ_scale);
 }
@@ -138,6 +140,15 @@ struct Summary {
       (void)&summary_kernel<Tag<K>, Tag<TS>, D, C>;
   }
 };
-void summary_all() { Cross<Summary>::run<KV_DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_BOXES>(); }
+// Token-major pages (NHD): 16-bit caches with their own summaries, ATT_NHD_HEAD_DIMS.
+struct SummaryNhd {
+  template <int K, int D> static void run() {
+    if constexpr (builds_head_dim(D)) (void)&summary_kernel<Tag<K>, Tag<K>, D, 1, true>;
+  }
+};
+void summary_all() {
+  Cross<Summary>::run<KV_DTYPES, KV_DTYPES, QP_HEAD_DIMS, QP_BOXES>();
+  Cross<SummaryNhd>::run<DTYPES, ATT_NHD_HEAD_DIMS>();
+}
 }  // namespace qp_instantiate
 #endif

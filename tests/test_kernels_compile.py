@@ -150,7 +150,11 @@ def test_instantiated_variants_are_the_constants(objects):
     for (q, kv), d, t, s, tune in itertools.product(pairs, dims, variants.GROUPS,
                                                     variants.PAGE_SIZES, depths):
         ns = variants.attention_stages(d, t, tune)
-        want.add((tag[q], tag[kv], d, variants.page_template(d, t, s, kv, ns), t, ns))
+        want.add((tag[q], tag[kv], d, variants.page_template(d, t, s, kv, ns), t, ns, 0))
+    for q, d, t in itertools.product(("fp16", "bf16"), variants.NHD_HEAD_DIMS, variants.GROUPS):
+        run = variants.attention_launch(8, 64, d, t, 16, q, 132)  # token-major pages (NHD)
+        run = variants.token_major_launch(run, t)
+        want.add((tag[q], tag[q], d, run.page, t, run.stages, 1))
     assert _instances(objects("attention.cu"), "attention_kernel") == want
     assert {x for x in want if x[3] == 0} and {x for x in want if x[3] == 64}
     assert {x[5] for x in want} == {*variants.DEEP_STAGES, *constants.load()["ATT_STAGES"]}
@@ -165,9 +169,12 @@ def test_instantiated_variants_are_the_constants(objects):
     assert {x[-2] for x in want} == set(variants.EST_NTILES)
     assert _instances(objects("estimate.cu"), "estimate_kernel") == want
     caches = variants.CACHES + variants.FP8_SUMMARY_CACHES
-    want = {(tag[kv], tag[summ], d, 1) for (_, kv, summ), d in itertools.product(caches, dims)}
-    want |= {(tag[q], tag[q], d, c) for (q, c), d in itertools.product(boxed, dims)
+    want = {(tag[kv], tag[summ], d, 1, 0)
+            for (_, kv, summ), d in itertools.product(caches, dims)}
+    want |= {(tag[q], tag[q], d, c, 0) for (q, c), d in itertools.product(boxed, dims)
              if variants.boxes_built(d, c)}
+    want |= {(tag[q], tag[q], d, 1, 1)
+             for q, d in itertools.product(("fp16", "bf16"), variants.NHD_HEAD_DIMS)}
     assert _instances(objects("summary.cu"), "summary_kernel") == want
     assert _instances(objects("topk.cu"), "topk_kernel") == set(
         itertools.product(variants.TK_THREAD_OPTIONS, variants.TK_REG_KEYS))
@@ -219,7 +226,7 @@ def test_attention_shared_memory_fits_and_is_the_launchers(objects):
     assert len(res) == len(_instances(objects("attention.cu"), "attention_kernel"))
     names = {v: k for k, v in variants.TAGS.items()}
     for key, (_, smem, spill) in res.items():
-        _, kv, d, _, g, ns = key.removeprefix("attention_kernel<").rstrip(">").split(",")
+        _, kv, d, _, g, ns, _ = key.removeprefix("attention_kernel<").rstrip(">").split(",")
         d, g, ns, kv = int(d), int(g), int(ns), names[kv]
         assert spill == 0, key
         assert smem == variants.static_bytes(d, g, kv), key

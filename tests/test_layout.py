@@ -1,5 +1,7 @@
 """Page tables, append plans and dtype storage."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -55,3 +57,56 @@ def test_tiled_repeats_the_tile_from_offset_and_keeps_no_larger_base(shape, offs
     np.testing.assert_array_equal(out.ravel(), tile[(offset + np.arange(total)) % tile.size])
     held = out.base.nbytes if out.base is not None else out.nbytes
     assert held <= 2 * out.nbytes
+
+
+def test_token_major_pages_round_trip_and_keep_their_heads():
+    """PagedKV.token_major: K and V as [N, S, Hkv, d] C-contiguous copies (the blocks of
+    transformers' and vLLM's paged caches); head_major gives the same values back as views;
+    kv_heads and head_dim read either layout; a layout of another name is refused."""
+    rng = np.random.default_rng(3)
+    kv = layout.random_paged_kv(rng, [5, 16, 17], 16, 3, 64, "bf16", spare_pages=2)
+    nhd = kv.token_major()
+    assert nhd.layout == "NHD" and nhd.k.shape == (kv.num_pages, 16, 3, 64)
+    assert nhd.k.flags.c_contiguous and nhd.v.flags.c_contiguous
+    assert (nhd.kv_heads, nhd.head_dim, nhd.num_pages) == (3, 64, kv.num_pages)
+    np.testing.assert_array_equal(nhd.k[4, 7, 2], kv.k[4, 2, 7])
+    back = nhd.head_major()
+    np.testing.assert_array_equal(back.k, kv.k)
+    np.testing.assert_array_equal(back.v, kv.v)
+    assert kv.head_major() is kv and nhd.token_major() is nhd
+    with pytest.raises(ValueError, match="layout 'HDN'"):
+        layout.PagedKV(kv.k, kv.v, kv.summary, kv.kv_indptr, kv.kv_indices, kv.last_page_len,
+                       kv.lengths, 16, "bf16", layout="HDN")
+
+
+def test_the_reference_reads_token_major_pages_as_head_major_ones():
+    """The NumPy backend (the float64 reference) over token-major pages gives what it gives over
+    the same pages head-major, bit for bit: summaries, dense and sparse attention, the step."""
+    from conftest import full_plan
+    from questprof.backends import get_backend
+
+    rng = np.random.default_rng(5)
+    kv = layout.random_paged_kv(rng, [1, 15, 16, 17, 16 * 40 + 3], 16, 2, 64, "fp16",
+                                spare_pages=3)
+    q = layout.random_queries(rng, 5, 8, 64, "fp16")
+    nhd, ref = replace(kv.token_major(), summary=kv.summary.copy()), get_backend("numpy")
+    assert nhd.summary is not kv.summary
+    ref.summary(kv, full_plan(kv))
+    ref.summary(nhd, full_plan(nhd))
+    np.testing.assert_array_equal(nhd.summary, kv.summary)
+    for stage in (lambda c: ref.attention(q, c), lambda c: ref.quest(q, c, 4, "per-head")):
+        for got, want in zip(stage(nhd), stage(kv)):
+            np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,summary,d,needle", [
+    ("bf16", "fp8_e4m3", "fp16", 128, "fp16 and bf16 caches"),
+    ("fp16", "fp16", "fp16", 96, "head dims 64, 128, not 96"),
+    ("fp32", "fp32", "fp32", 128, "fp16 and bf16 caches")])
+def test_token_major_pages_are_refused_where_no_kernel_reads_them(dtype, kv_dtype, summary, d,
+                                                                  needle):
+    from questprof.backends import variants
+
+    assert needle in variants.layout_problem("NHD", dtype, kv_dtype, summary, d)
+    assert variants.layout_problem("HND", dtype, kv_dtype, summary, d) is None
+    assert variants.layout_problem("NHD", "bf16", "bf16", "bf16", 64) is None

@@ -94,7 +94,9 @@ def run_summary(kv: PagedKV, summ, tags: tuple[str, str], plan: AppendPlan, summ
     page_ids, first, end = (_device_int32(x) for x in (plan.page_ids, plan.first, plan.end))
     p = params.pack(params.SUMMARY, cache=params.paged_cache(kv), summ=summ,
                     summ_scale=summ_scale, page_ids=page_ids, first=first, end=end)
-    kernel = load_kernel("summary", f"summary_kernel<{tags[0]}, {tags[1]}, {kv.head_dim}, {boxes}>")
+    nhd = str(kv.layout == "NHD").lower()  # token-major pages, read in place
+    kernel = load_kernel("summary",
+                         f"summary_kernel<{tags[0]}, {tags[1]}, {kv.head_dim}, {boxes}, {nhd}>")
     _plain(kernel, (len(plan),), (SUM_THREADS,), (p,))
 
 
@@ -188,7 +190,10 @@ def run_attention(q, kv: PagedKV, cache, tags, group: int, sel=None, count=None,
         ws_o = cupy.empty((rows, run.splits, G, d), dtype=cupy.float32)
         ws_lse = cupy.empty((rows, run.splits, G), dtype=cupy.float32)
         row_done = _counts("splits_done", rows)
-    expr = f"attention_kernel<{tags[0]}, {tags[1]}, {d}, {run.page}, {G}, {run.stages}>"
+    if kv.layout == "NHD":  # token-major pages: built with the page size at launch, own ring
+        run = variants.token_major_launch(run, G)
+    expr = (f"attention_kernel<{tags[0]}, {tags[1]}, {d}, {run.page}, {G}, {run.stages}, "
+            f"{str(kv.layout == 'NHD').lower()}>")
     defines = launch.defines("attention")
     kernel = load_kernel("attention", expr, defines)
     shared = variants.held_ring(run, rows, _sm_count(), _registers("attention", expr, defines),

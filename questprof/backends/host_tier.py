@@ -23,6 +23,7 @@ import numpy as np
 
 from questprof.backends import params
 from questprof.backends.cupy import load_kernel
+from questprof.backends.launch_args import head_major_only
 from questprof.backends.pdl import PlainLaunch
 from questprof.core.layout import PagedKV
 
@@ -70,6 +71,7 @@ def to_host_memory(array: cupy.ndarray) -> cupy.ndarray:
 def host_tier(kv: PagedKV, summaries: bool = False) -> PagedKV:
     """kv with its K and V pools (and its summaries when `summaries`) in host memory; the page
     tables, scales and the rest stay in HBM. The device copies go when kv's do."""
+    head_major_only(kv, "the host tier (its gather and page cache)")
     moved = {"k": to_host_memory(kv.k), "v": to_host_memory(kv.v)}
     if summaries:
         moved["summary"] = to_host_memory(kv.summary)

@@ -33,7 +33,8 @@ def cache_tags(kv: PagedKV) -> tuple[str, str, str]:
 def check_kv(kv: PagedKV) -> tuple[str, str, str]:
     """cache_tags(kv) after checking its shape, storage and page tables."""
     tags = cache_tags(kv)
-    problem = variants.shape_problem(kv.head_dim, kv.page_size)
+    problem = (variants.shape_problem(kv.head_dim, kv.page_size) or variants.layout_problem(
+        kv.layout, kv.dtype, kv.kv_dtype, kv.summary_dtype, kv.head_dim))
     if problem:
         raise ValueError(problem)
     wants = {"k": kv.kv_dtype, "v": kv.kv_dtype, "summary": kv.summary_dtype}
@@ -50,6 +51,13 @@ def check_kv(kv: PagedKV) -> tuple[str, str, str]:
         if getattr(kv, name).dtype != _INT32:
             raise ValueError(f"kv.{name} must be int32")
     return tags
+
+
+def head_major_only(kv: PagedKV, what: str) -> None:
+    """ValueError in one line where `what` (a kernel that reads whole pages of one head) is
+    given token-major (NHD) pages."""
+    if kv.layout != "HND":
+        raise ValueError(f"{what} reads head-major (HND) pages only, not token-major (NHD) ones")
 
 
 def check_q(q, kv: PagedKV) -> tuple[int, int]:
@@ -136,6 +144,9 @@ def form_tags(kv: PagedKV, form) -> tuple[str, str, str]:
                              f"only, not {kv.kv_dtype}")
     if form.fp8 and form.boxes > 1:
         raise ValueError("FP8 summaries with boxes are not built")
+    if (form.fp8 or form.boxes > 1) and kv.layout != "HND":
+        raise ValueError("the selectors' FP8 summaries and boxes read head-major (HND) pages "
+                         "only, not token-major (NHD) ones")
     if form.boxes > 1 and (kv.page_size % form.boxes
                            or not variants.boxes_built(kv.head_dim, form.boxes)):
         built = ", ".join(f"{c} at head dim {d}" for d in variants.BOX_HEAD_DIMS

@@ -12,6 +12,7 @@ import numpy as np
 
 from questprof.backends import constants, params
 from questprof.backends.cupy import load_kernel
+from questprof.backends.launch_args import head_major_only
 from questprof.backends.page_cache_numpy import nan_slots, slot_view
 from questprof.backends.pdl import PlainLaunch
 from questprof.core.layout import PagedKV
@@ -22,6 +23,7 @@ WORD = 16
 
 def _check(kv: PagedKV, sel, capacity: int) -> int:
     """The page's 16-byte words; ValueError in one line for what the kernels do not take."""
+    head_major_only(kv, "the HBM page cache")
     check_capacity(capacity, int(sel.shape[-1]))
     most = constants.load()["PC_MAX_SLOTS"]
     if capacity > most:

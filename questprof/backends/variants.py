@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace, fields
 
 from questprof.backends import constants
 from questprof.core.fp8 import E4M3
@@ -34,6 +34,7 @@ ATT_WARPS, ATT_MAX_PAGES = _C["ATT_WARPS"], _C["ATT_MAX_PAGES"]
 # Deeper attention rings (QP_TUNE stages=N), built at these head dims and tiles only
 DEEP_STAGES, DEEP_HEAD_DIMS, DEEP_GROUPS = (_C[f"ATT_DEEP_{x}"] for x in ("STAGES", "HEAD_DIMS",
                                                                       "GROUPS"))
+NHD_HEAD_DIMS = _C["ATT_NHD_HEAD_DIMS"]  # token-major pages: attention's and summary's builds
 # Shared memory of sm_90 (H100, H200): per SM, and reserved by the driver per CTA; the launcher
 # reads the device's own figure where it can (backends/cupy.py).
 SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
@@ -80,6 +81,21 @@ def shape_problem(head_dim: int, page_size: int | None = None) -> str | None:
                 f"nearest {near})")
     if page_size is not None and page_size not in PAGE_SIZES:
         return f"page size {page_size} is not built (the kernels take {_join(PAGE_SIZES)})"
+    return None
+
+
+def layout_problem(layout: str, dtype: str, kv_dtype: str, summary_dtype: str,
+                   head_dim: int) -> str | None:
+    """Why the kernels cannot read a cache of this layout (None when they can): token-major
+    pages (NHD) are built for 16-bit caches with their own summaries at NHD_HEAD_DIMS."""
+    if layout == "HND":
+        return None
+    if kv_dtype != dtype or summary_dtype != dtype or dtype not in ("fp16", "bf16"):
+        return (f"token-major (NHD) pages are built for fp16 and bf16 caches with their own "
+                f"summaries, not a {kv_dtype} cache with {summary_dtype} summaries")
+    if head_dim not in NHD_HEAD_DIMS:
+        return (f"token-major (NHD) pages are built at head dims {_join(NHD_HEAD_DIMS)}, "
+                f"not {head_dim}")
     return None
 
 
@@ -329,6 +345,16 @@ def topk_form(rows: int, pages: int, sms: int, tuning: Tuning | None = None) -> 
         return threads, form[1] if form else 0
     keys = [r for r in TK_REG_KEYS if r and threads * r >= pages]
     return threads, keys[0] if keys and form else 0
+
+
+def token_major_launch(run: AttentionLaunch, tile: int) -> AttentionLaunch:
+    """run for token-major (NHD) pages: their builds take the page size at launch and the tile's
+    own ring (ATT_NHD_HEAD_DIMS); a deeper ring (QP_TUNE stages) is not built for them."""
+    own = constants.per_group("ATT_STAGES", tile)
+    if run.stages != own:
+        raise ValueError(f"QP_TUNE stages={run.stages} is not built for token-major (NHD) pages "
+                         f"(their ring: {own} stages)")
+    return replace(run, page=0)
 
 
 def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:

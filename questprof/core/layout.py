@@ -16,6 +16,8 @@ import numpy as np
 
 from questprof.core.fp8 import E4M3, from_e4m3, kv_scale, quantize, to_e4m3, to_fp16
 
+LAYOUTS = ("HND", "NHD")  # K and V pages head-major (ours) or token-major (PagedKV.layout)
+
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, E4M3: 1}
 _STORAGE = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32, E4M3: np.uint8}
 FP8_SUMMARY_DTYPES = ("fp16", E4M3)  # summaries an FP8 cache can keep
@@ -64,6 +66,9 @@ class PagedKV:
     dtype: queries and outputs (fp16, bf16, fp32); kv_dtype: K and V storage, dtype or
     fp8_e4m3 (default dtype); summary_dtype: the min/max summaries, kv_dtype (the default) or,
     over an FP8 cache, fp16. k_scale, v_scale: float32 [H] for an FP8 cache, else None.
+    layout: K and V pages head-major ("HND": [N, Hkv, S, d], ours) or token-major ("NHD":
+    [N, S, Hkv, d], the blocks of transformers' and vLLM's paged caches, which the attention
+    and summary kernels read in place); summaries are [N, Hkv, 2, d] in both.
     """
 
     k: object
@@ -79,8 +84,11 @@ class PagedKV:
     summary_dtype: str | None = None
     k_scale: object = None
     v_scale: object = None
+    layout: str = "HND"
 
     def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r}: expected one of {LAYOUTS}")
         self.kv_dtype = self.kv_dtype or self.dtype
         self.summary_dtype = self.summary_dtype or self.kv_dtype
         check_cache_dtypes(self.dtype, self.kv_dtype, self.summary_dtype)
@@ -101,7 +109,7 @@ class PagedKV:
 
     @property
     def kv_heads(self) -> int:
-        return int(self.k.shape[1])
+        return int(self.k.shape[2 if self.layout == "NHD" else 1])
 
     @property
     def head_dim(self) -> int:
@@ -110,6 +118,21 @@ class PagedKV:
     def pages(self) -> list[int]:
         """Pages of each request."""
         return [pages_for(n, self.page_size) for n in self.lengths]
+
+    def head_major(self) -> "PagedKV":
+        """The same cache with head-major pages (itself when they are): K and V as [N, Hkv, S, d]
+        views of token-major ones."""
+        if self.layout == "HND":
+            return self
+        return replace(self, k=self.k.transpose(0, 2, 1, 3), v=self.v.transpose(0, 2, 1, 3),
+                       layout="HND")
+
+    def token_major(self) -> "PagedKV":
+        """The same cache with token-major pages (NHD), as contiguous copies of K and V."""
+        if self.layout == "NHD":
+            return self
+        return replace(self, k=self.k.transpose(0, 2, 1, 3).copy(),  # C order: NumPy and CuPy
+                       v=self.v.transpose(0, 2, 1, 3).copy(), layout="NHD")
 
     def with_arrays(self, convert) -> "PagedKV":
         """The same cache with every array passed through `convert` (host <-> device)."""
@@ -172,8 +195,9 @@ class Dequantized:
 
 def kv_values(kv: PagedKV, which: str):
     """K or V ('k', 'v') of a host cache as the reference reads them: FP8 through Dequantized,
-    bf16 decoded to float64, fp16 / fp32 as stored (widened page by page)."""
-    stored = getattr(kv, which)
+    bf16 decoded to float64, fp16 / fp32 as stored (widened page by page); head-major
+    ([N, Hkv, S, d]) whatever kv.layout."""
+    stored = getattr(kv.head_major(), which)
     if kv.is_fp8:
         return Dequantized(stored, getattr(kv, f"{which}_scale"))
     return from_storage(stored, kv.dtype) if kv.dtype == "bf16" else stored
