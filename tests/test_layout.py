@@ -110,3 +110,19 @@ def test_token_major_pages_are_refused_where_no_kernel_reads_them(dtype, kv_dtyp
     assert needle in variants.layout_problem("NHD", dtype, kv_dtype, summary, d)
     assert variants.layout_problem("HND", dtype, kv_dtype, summary, d) is None
     assert variants.layout_problem("NHD", "bf16", "bf16", "bf16", 64) is None
+
+
+def test_token_major_pages_are_refused_by_the_paths_that_read_head_major_ones():
+    """The float32 CPU path's working copies and the page cache read whole pages of one head:
+    token-major pages get one line, not a misread."""
+    from questprof.backends.numpy_fp32 import NumpyFp32Backend
+    from questprof.backends.page_cache_numpy import NumpyPageCache
+
+    rng = np.random.default_rng(9)
+    nhd = layout.random_paged_kv(rng, [40, 17], 16, 2, 64, "fp16", spare_pages=2).token_major()
+    with pytest.raises(ValueError, match="float32 CPU path .* head-major"):
+        NumpyFp32Backend().put(nhd)
+    sel = np.zeros((1, 2, 2, 2), dtype=np.int32)
+    with pytest.raises(ValueError, match="page cache reads head-major"):
+        NumpyPageCache(nhd, sel, np.ones(2, dtype=np.int32), 4)
+

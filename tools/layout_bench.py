@@ -2,7 +2,10 @@
 the Workload's per-layer pools as they are (HND) and as token-major copies (PagedKV.token_major),
 dense attention and the Quest step of each checked equal bit for bit on layer 0, then both timed
 as CUDA-graph replays over the cold per-layer pools (bench's protocol), us per layer, with the
-read ceiling measured first in the same process.
+read ceiling measured first in the same process. Half the cold layers bench would take (the
+token-major copies take the other half); host-tier cases are left out. The head-major launches
+keep their own builds (a page size as a template argument where measured), the token-major
+ones take the page size at launch: the ratio holds both differences.
 
     python tools/layout_bench.py [--cases FILE] [--repeats 20]
 """
@@ -28,7 +31,7 @@ def main() -> None:
 
     from questprof.backends import get_backend
     from questprof.backends.variants import layout_problem
-    from questprof.core import model
+    from questprof.core import model, tier
     from questprof.measure.ceilings import measure_ceilings
     from questprof.workload.pools import release
 
@@ -39,8 +42,9 @@ def main() -> None:
     print(f"{'case':<40}{'stage':>7}{'HND us':>9}{'NHD us':>9}{'NHD/HND':>9}  bits", flush=True)
     for cfg in cases:
         m = cfg.model
-        if layout_problem("NHD", m.dtype, model.kv_dtype(m), model.summary_dtype(m), m.head_dim):
-            continue  # not built for token-major pages
+        if layout_problem("NHD", m.dtype, model.kv_dtype(m), model.summary_dtype(m),
+                          m.head_dim) or tier.kv_tier(cfg) == "host":
+            continue  # not built for token-major pages, or pools in host memory
         for line in _case(backend, cfg, args.repeats):
             print(line, flush=True)
         release(backend)
@@ -54,7 +58,7 @@ def _case(backend, cfg, repeats: int) -> list[str]:
     from questprof.measure.timing import time_layers
     from questprof.workload.pools import Workload
 
-    layers = _layers(cfg, backend)
+    layers = max(1, _layers(cfg, backend) // 2)  # the copies take the other half
     work = Workload(cfg, backend, layers)
     q, hnd = work.q, work.kvs
     nhd = [replace(kv.token_major(), summary=kv.summary) for kv in hnd]

@@ -23,9 +23,8 @@ import numpy as np
 
 from questprof.backends import params
 from questprof.backends.cupy import load_kernel
-from questprof.backends.launch_args import head_major_only
 from questprof.backends.pdl import PlainLaunch
-from questprof.core.layout import PagedKV
+from questprof.core.layout import PagedKV, head_major_only
 
 HOST_ALLOC_PORTABLE = 1  # cudaHostAllocPortable: the mapping holds in every context
 HOST_ALLOC_MAPPED = 2  # cudaHostAllocMapped: the pages get a device address
@@ -87,6 +86,7 @@ def staging_pool(kv: PagedKV, k_pages: int) -> PagedKV:
     """An HBM staging pool of K pages per request for kv's batch: slots b * K .. b * K + K - 1
     of request b, its tail page last (lengths (K - 1) * S + last). NaN in every slot until a
     gather fills it, so a slot read before it is written shows."""
+    head_major_only(kv, "the host tier's staging pool")
     b, heads = kv.batch, int(kv.k.shape[1])
     shape = (b * k_pages, heads, kv.page_size, int(kv.k.shape[3]))
     nan = cupy.full(shape, NAN_CODES.get(kv.k.dtype.itemsize, np.nan), dtype=kv.k.dtype)
@@ -105,6 +105,7 @@ def staging_pool(kv: PagedKV, k_pages: int) -> PagedKV:
 def gather(kv: PagedKV, sel, staging: PagedKV) -> None:
     """Copy each KV head's chosen pages (sel [Hkv, B, K], shared modes) from kv's pool into the
     staging pool, on the current stream (no synchronisation)."""
+    head_major_only(kv, "the host tier's gather")
     heads, batch, k_pages = (int(n) for n in sel.shape)
     if heads != int(kv.k.shape[1]):
         raise ValueError(f"gather takes one selection per KV head (shared modes): {heads} rows "

@@ -53,13 +53,6 @@ def check_kv(kv: PagedKV) -> tuple[str, str, str]:
     return tags
 
 
-def head_major_only(kv: PagedKV, what: str) -> None:
-    """ValueError in one line where `what` (a kernel that reads whole pages of one head) is
-    given token-major (NHD) pages."""
-    if kv.layout != "HND":
-        raise ValueError(f"{what} reads head-major (HND) pages only, not token-major (NHD) ones")
-
-
 def check_q(q, kv: PagedKV) -> tuple[int, int]:
     """(q_heads, group) of q [B, Hq, d] against the cache."""
     if q.ndim != 3 or q.shape[0] != kv.batch or q.shape[2] != kv.head_dim:

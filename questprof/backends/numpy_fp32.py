@@ -22,7 +22,7 @@ from questprof.backends.fp32_copies import Copies, Tiles, chunks, f32, span, sum
 from questprof.backends.fp32_stages import minmax
 from questprof.backends.numpy import HostArrays
 from questprof.core.fp8 import E4M3
-from questprof.core.layout import DTYPE_BYTES, AppendPlan, PagedKV, to_storage
+from questprof.core.layout import DTYPE_BYTES, AppendPlan, PagedKV, head_major_only, to_storage
 
 _ATTR = "_fp32_copies"  # where put() keeps a cache's working copies (dataclasses.replace drops it)
 
@@ -96,6 +96,7 @@ class NumpyFp32Backend(HostArrays):
         return 1 + 4 / DTYPE_BYTES[dtype]
 
     def put(self, host_kv: PagedKV, tiles: Tiles | None = None) -> PagedKV:
+        head_major_only(host_kv, "the float32 CPU path (its working copies)")
         kv = host_kv.with_arrays(np.asarray)
         ids = np.asarray(kv.kv_indices)
         if len(np.unique(ids)) == len(ids):  # shared pages: copies read anew on each call

@@ -12,10 +12,9 @@ import numpy as np
 
 from questprof.backends import constants, params
 from questprof.backends.cupy import load_kernel
-from questprof.backends.launch_args import head_major_only
 from questprof.backends.page_cache_numpy import nan_slots, slot_view
 from questprof.backends.pdl import PlainLaunch
-from questprof.core.layout import PagedKV
+from questprof.core.layout import PagedKV, head_major_only
 from questprof.core.page_cache import check_capacity
 
 WORD = 16

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from questprof.core.layout import PagedKV
+from questprof.core.layout import PagedKV, head_major_only
 from questprof.core.page_cache import SlotTable, check_capacity, step_tables
 
 NAN_CODES = {2: 0x7FC0, 1: 0x7F}  # a NaN of 16-bit (fp16 and bf16) and 8-bit (e4m3) storage codes
@@ -43,6 +43,7 @@ class NumpyPageCache:
     """One layer's page cache on the CPU, replaying sel [T, Hkv, B, K] (step t reads sel[t % T])."""
 
     def __init__(self, kv: PagedKV, sel, count, capacity: int) -> None:
+        head_major_only(kv, "the HBM page cache")
         check_capacity(capacity, int(sel.shape[-1]))
         self.kv, self.sel, self.count, self.capacity = kv, np.asarray(sel), np.asarray(count), capacity
         heads, batch = int(sel.shape[1]), int(sel.shape[2])

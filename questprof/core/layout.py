@@ -142,6 +142,13 @@ class PagedKV:
                                 if getattr(self, n) is not None})
 
 
+def head_major_only(kv: PagedKV, what: str) -> None:
+    """ValueError in one line where `what` (a kernel that reads whole pages of one head) is
+    given token-major (NHD) pages."""
+    if kv.layout != "HND":
+        raise ValueError(f"{what} reads head-major (HND) pages only, not token-major (NHD) ones")
+
+
 def check_cache_dtypes(dtype: str, kv_dtype: str, summary_dtype: str) -> None:
     """ValueError unless kv_dtype is dtype or fp8_e4m3 (under fp16 / bf16 queries) and the
     summaries are kv_dtype or, over an FP8 cache, fp16."""
