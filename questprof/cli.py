@@ -505,8 +505,10 @@ def serve(
     seed: Annotated[int, typer.Option(help="Seed of prompts and random weights")]
         = ServeArgs.seed,
     engine: Annotated[str, typer.Option(
-        help="The decode: host (top-K on the host, torch attention) or kernels (questprof's "
-             "stages: the CuPy kernels on a GPU, else the NumPy reference)")] = ServeArgs.engine,
+        help="The decode: host (top-K on the host, torch attention), kernels (questprof's "
+             "stages over a copy of the step's pages: the CuPy kernels on a GPU, else the NumPy "
+             "reference) or inplace (the stages reading the loop's own cache blocks in place; "
+             "transformers 5.17)")] = ServeArgs.engine,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/serve-<timestamp>/"))] = None,
 ) -> None:

@@ -196,6 +196,50 @@ def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     assert log.selections == sum(r.output - 1 for r in requests)
 
 
+@pytest.mark.gpu
+def test_inplace_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
+    """On a GPU with a loop that brings its cache (transformers 5.17), bf16 and fp16 random
+    Llamas: the kernels reading the loop's blocks in place give the host decode's greedy tokens
+    at a budget past every length, and a 2-page budget selects in every decode."""
+    from questprof.backends import get_backend
+    from questprof.serving.inplace import CACHE_LOOP, InPlaceDecode
+    from questprof.serving.mixes import Spec
+    from questprof.serving.models import load_serving_model, requests_for
+    from questprof.serving.paged_attention import HostDecode, loop_name
+    if loop_name() != CACHE_LOOP:
+        pytest.skip("this transformers' loop does not bring its cache to attention")
+    specs = [Spec(t["prompt"], t["output"], t.get("arrival", 0.0)) for t in TRACE]
+    requests = requests_for(specs, CONFIG["vocab_size"], seed=3)
+    settings = LoopSettings(SIZE, 8, 64, 256)
+    inplace = InPlaceDecode(get_backend("cupy"))
+    for dtype in ("float16", "bfloat16"):
+        path = tmp_path / f"{dtype}.json"
+        path.write_text(json.dumps({**CONFIG, "hidden_size": 256, "intermediate_size": 512,
+                                    "torch_dtype": dtype}))
+        model = load_serving_model(str(path)).model
+        full = Policy("quest", SIZE, 1024, dense_layers=0)
+        want, _ = serve(model, requests, full, settings, HostDecode())
+        got, log = serve(model, requests, full, settings, inplace)
+        assert log.selections == 2 * sum(r.output - 1 for r in requests)
+        assert [s.tokens for s in got] == [s.tokens for s in want], dtype
+        _, log = serve(model, requests, Policy("quest", SIZE, 2 * SIZE, dense_layers=1),
+                       settings, inplace)
+        assert log.selections == sum(r.output - 1 for r in requests)
+        assert all(s["pages_read"] > 0 for s in log.steps)
+
+
+def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path):
+    """--engine inplace where the loop gathers keys before attention (5.24): one line, exit 2."""
+    from questprof.serving.inplace import CACHE_LOOP
+    from questprof.serving.paged_attention import loop_name
+    if loop_name() == CACHE_LOOP:
+        pytest.skip("this transformers' loop brings its cache: the engine runs")
+    result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+                 "--requests", 2, "--output", 3, "--engine", "inplace", "--out", tmp_path / "o")
+    assert result.exit_code == 2
+    assert "hands attention its cache" in result.stderr and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("flags,said", [
     (["--trace", "BAD"], "line 2"),
     (["--mix", "uniform"], "names no lengths"),

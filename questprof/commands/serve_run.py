@@ -13,6 +13,7 @@ from questprof.backends import get_backend
 from questprof.commands.serve_args import ServeArgs
 from questprof.core.config import ConfigError
 from questprof.core.machine import git_fields, machine_info
+from questprof.serving.inplace import InPlaceDecode, check_loop
 from questprof.serving.latency import summarize, token_gaps_ms
 from questprof.serving.loop import LoopSettings, serve
 from questprof.serving.models import load_serving_model, requests_for
@@ -22,7 +23,8 @@ from questprof.serving.step_time import shares
 
 SERVE, REQUEST, STEP = "serve", "serve-request", "serve-step"  # rows of a run, request, forward
 PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
-ENGINES = ("host", "kernels")  # --engine: paged_attention.HostDecode, stages_decode.StagesDecode
+# --engine: paged_attention.HostDecode, stages_decode.StagesDecode, inplace.InPlaceDecode
+ENGINES = ("host", "kernels", "inplace")
 
 
 def check_fits(args: ServeArgs, policies, specs, layers: int) -> None:
@@ -82,15 +84,20 @@ def run_rows(base: dict, served, log) -> list[dict]:
 
 def decode_engine(name: str, log=print):
     """(engine for loop.serve, its name in rows): host -> HostDecode, kernels -> StagesDecode
-    over the backend (CuPy on a GPU, else the NumPy reference, said in a line)."""
+    over the backend (CuPy on a GPU, else the NumPy reference, said in a line), inplace ->
+    InPlaceDecode over it (ConfigError where the loop does not hand attention its cache)."""
     if name not in ENGINES:
         raise ConfigError(f"bad --engine {name!r}: expected one of {', '.join(ENGINES)}")
     if name == "host":
         return HostDecode(), "host"
+    if name == "inplace":
+        check_loop()
     backend = get_backend("auto")
     if getattr(backend, "fallback_reason", None):
-        log(f"--engine kernels without a GPU ({backend.fallback_reason}): the NumPy reference "
+        log(f"--engine {name} without a GPU ({backend.fallback_reason}): the NumPy reference "
             "runs the stages")
+    if name == "inplace":
+        return InPlaceDecode(backend), f"inplace:{backend.name}"
     return StagesDecode(backend), f"kernels:{backend.name}"
 
 

@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from questprof.serving.inplace import InPlaceDecode
 from questprof.serving.paged_attention import Policy, QuestPaged, StepLog, bound
 from questprof.serving.step_time import StepClock, step_parts
 
@@ -108,10 +109,12 @@ def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list
 def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings,
           engine=None) -> tuple[list[Served], StepLog]:
     """Every request of the mix through transformers' loop with `policy`'s attention (decode by
-    `engine`: paged_attention.HostDecode by default, or stages_decode.StagesDecode)."""
+    `engine`: paged_attention.HostDecode by default, stages_decode.StagesDecode, or
+    inplace.InPlaceDecode, whose attention reads the loop's cache in place)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
     clock = StepClock(_sync(model))
-    attention = QuestPaged(policy, engine=engine, timer=clock)
+    attention = (engine.attention(policy, clock) if isinstance(engine, InPlaceDecode)
+                 else QuestPaged(policy, engine=engine, timer=clock))
     with bound(model, attention), clock.watching(model), \
             model.continuous_batching_context_manager(
                 generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,

@@ -26,13 +26,18 @@ def _from_config(path: Path, seed: int) -> LoadedModel:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         config = AutoConfig.for_model(**data)
+        dtype = getattr(torch, str(data.get("dtype") or data.get("torch_dtype") or "float32"))
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
-    except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError) as exc:
+        # built where it runs, in the config's dtype: an 8B model's random weights take
+        # seconds on a GPU, minutes (and 32 GB in float32) on the host
+        with torch.device(device()):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (OSError, json.JSONDecodeError, ValueError, KeyError, TypeError,
+            AttributeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"model {path} cannot be loaded by transformers: {first}") from None
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
-    return LoadedModel(model.eval().to(device()), None, f"random:{path.parent.name or path.stem}",
+    return LoadedModel(model.eval(), None, f"random:{path.parent.name or path.stem}",
                        context)
 
 

@@ -1,0 +1,329 @@
+"""Decode steps read where transformers wrote them: questprof's stages over the loop's own paged
+cache, token-major blocks (NHD) read in place, no gather and no copy.
+
+transformers 5.17's loop calls 'paged|sdpa' with its cache (kwargs `cache`, a
+PagedAttentionCache): one [(blocks + 2) x S, Hkv, d] key and value tensor per layer of a group,
+which viewed as [blocks + 2, S, Hkv, d] is a PagedKV of layout NHD (a cache block = a Quest
+page; a request's token at position p sits in slot read_index[p], its page read_index[p] // S).
+`InPlacePaged` takes QuestPaged's place for such a loop. Per call it writes the new keys and
+values at write_index (index_copy_, what 5.17's cache.update does first; the gather that
+update then does for every request is left out) and gathers only the prefill chunks' keys for
+the attention it replaced. Decode requests go to the backend in one call each for the dense
+and the sparse ones (`attention`, `quest`: estimate -> top-K -> attention, PDL-chained on a
+GPU) over CSR tables of their pages; the min/max summaries live beside the cache, one
+[blocks + 2, Hkv, 2, d] array per layer in the cache's dtype, folded by the `summary` kernel
+over the slots written (a run that starts at slot 0 re-initialises its page, so a freed and
+reused block starts afresh). Tables and the summary plan are built once per forward (at layer
+0: one host sync for the sequence lengths and write slots) and reused by every layer.
+
+5.24's loop gathers each request's keys before attention and keeps every layer's pages
+interleaved in one tensor, so it cannot be read this way; `check_loop` says so in one line.
+The pages read that StepLog records need the selection on the host: the last layer runs the
+three stages one by one for that (the other layers' Quest is one chained call).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from questprof.core.config import ConfigError
+from questprof.core.layout import AppendPlan, PagedKV
+from questprof.core.selection import union_pages
+from questprof.serving.paged_attention import Policy, StepLog, _is_decode, _one, loop_name
+
+CACHE_LOOP = "paged|sdpa"  # the loop name whose calls bring the cache (transformers 5.17)
+TORCH_TAGS = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}  # caches the kernels read NHD
+
+
+def check_loop(name: str | None = None) -> None:
+    """ConfigError in one line unless the installed loop hands attention its cache."""
+    name = name or loop_name()
+    if name != CACHE_LOOP:
+        import transformers
+        raise ConfigError(f"--engine inplace reads the cache where the loop wrote it, which needs "
+                          f"a loop that hands attention its cache ('{CACHE_LOOP}', transformers "
+                          f"5.17); transformers {transformers.__version__} runs {name!r} with "
+                          f"keys already gathered: use --engine kernels or host")
+
+
+class Bridge:
+    """torch tensors <-> the backend's arrays, storage form (bf16 as uint16 bits), no copy on
+    a GPU (DLPack); the backend's launches on torch's current stream."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        self.gpu = backend.name == "cupy"
+
+    def array(self, t):
+        import torch
+        if t.dtype == torch.bfloat16:
+            t = t.view(torch.int16)
+        if not self.gpu:
+            a = t.detach().cpu().numpy()
+            return a.view(np.uint16) if a.dtype == np.int16 else a
+        import cupy
+        a = cupy.from_dlpack(t.detach().contiguous())
+        return a.view(cupy.uint16) if a.dtype == cupy.int16 else a
+
+    def tensor(self, a, like):
+        """a (storage form of like's dtype) as a torch tensor on like's device."""
+        import torch
+        bf16 = like.dtype == torch.bfloat16
+        if self.gpu:
+            t = torch.from_dlpack(a.view("int16") if bf16 else a)
+        else:
+            t = torch.as_tensor(np.asarray(a).view(np.int16) if bf16 else np.asarray(a))
+        return (t.view(torch.bfloat16) if bf16 else t.to(like.dtype)).to(like.device)
+
+    def stream(self):
+        """The backend's launches on torch's current stream (a GPU), so order holds."""
+        if not self.gpu:
+            return nullcontext()
+        import cupy
+        import torch
+        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+
+@dataclass
+class Forward:
+    """What every layer of one forward shares: the requests' spans, which are decode steps, the
+    summary plans of the tokens written (decode's, prefill's) and the decode tables by which of
+    them select pages."""
+
+    spans: list
+    decode: list[bool]
+    plans: tuple
+    pages: object  # backend int32 [sum of decode requests' pages]: their page ids in order
+    lengths: list[int]
+    tables: dict = field(default_factory=dict)
+
+
+class InPlacePaged:
+    """The attention function for a loop that brings its cache (see the module)."""
+
+    def __init__(self, policy: Policy, backend, base=None, timer=None) -> None:
+        self.policy, self.base, self.timer = policy, base, timer
+        self.bridge = Bridge(backend)
+        self.backend = backend
+        self.summaries: dict[int, object] = {}
+        self.log = StepLog()
+        self.forward: Forward | None = None
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        if "cache" not in kwargs:
+            raise ConfigError("--engine inplace: the loop called attention without its cache")
+        t0 = self._now()
+        k_all, v_all, kc, vc = self._write(module, key, value, kwargs)
+        t1 = self._now()
+        if self.timer is not None:
+            self.timer.add("cache", t1 - t0)
+        try:
+            return self._call(module, query, k_all, v_all, kc, vc, attention_mask, **kwargs)
+        finally:
+            if self.timer is not None:
+                self.timer.add("attention_call", self._now() - t1)
+
+    def _now(self) -> float:
+        import time
+        return self.timer.now() if self.timer is not None else time.perf_counter()
+
+    def _write(self, module, key, value, kwargs):
+        """The call's keys and values written at write_index; (keys and values the prefill
+        chunks read: the new ones where the call reads no cache, else the cache tensors
+        themselves, gathered per chunk later), and the layer's cache tensors."""
+        cache = kwargs.pop("cache")
+        group, inner = cache.layer_index_to_group_indices[module.layer_idx]
+        if getattr(cache, "sliding_windows", {}).get(module.layer_idx, 1) != 1:
+            raise ConfigError("--engine inplace reads full-attention layers only; this model "
+                              "has sliding-window layers")
+        kc, vc = cache.key_cache[inner], cache.value_cache[inner]
+        write = kwargs["write_index"][group]
+        new_k, new_v = (x[0].transpose(0, 1) for x in (key, value))  # [n, Hkv, d]
+        kc.index_copy_(0, write, new_k)
+        vc.index_copy_(0, write, new_v)
+        kwargs["_group"] = group
+        return new_k, new_v, kc, vc
+
+    def _call(self, module, query, new_k, new_v, kc, vc, mask, **kwargs):
+        layer, group = module.layer_idx, kwargs.pop("_group")
+        read = kwargs["read_index"][group]
+        if layer == 0 or self.forward is None:
+            self.forward = self._plan(kwargs, group, kc.shape[0], int(query.shape[2]))
+        f = self.forward
+        size = self.policy.page_size
+        kv_heads, d = kc.shape[1], kc.shape[2]
+        if layer not in self.summaries:
+            self.summaries[layer] = self.backend.asarray(
+                np.zeros((kc.shape[0] // size, kv_heads, 2, d), np.uint16 if
+                         str(kc.dtype) == "torch.bfloat16" else np.float16))
+        out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+        pages = self._pages(kc, vc, layer)
+        sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
+        if sparse:
+            self._summarise(pages, f.plans[0], None)
+        for (q0, q1, k0, k1), is_decode in zip(f.spans, f.decode):
+            if not is_decode:
+                self._prefill(module, out, query, new_k, new_v, kc, vc, read, mask,
+                              (q0, q1, k0, k1), **kwargs)
+        if sparse:
+            self._summarise(pages, f.plans[1], "base")
+        if self.timer is not None and layer == 0:
+            self.timer.batch(sum(f.decode), sum(q1 - q0 for (q0, q1, _, _), dec in
+                                                zip(f.spans, f.decode) if not dec))
+        if any(f.decode):
+            self._decode(module, out, query, pages, layer)
+        return out, None
+
+    def _plan(self, kwargs, group: int, slots: int, tokens: int) -> Forward:
+        """This forward's spans, summary plans and decode page ids (see Forward)."""
+        cu_q = kwargs["cu_seq_lens_q"].tolist()
+        cu_k = _one(kwargs["cu_seq_lens_k"]).tolist()
+        spans = [(cu_q[r], cu_q[r + 1], cu_k[r], cu_k[r + 1]) for r in range(len(cu_q) - 1)
+                 if cu_q[r + 1] > cu_q[r]]
+        decode = [_is_decode(*s) for s in spans]
+        write = kwargs["write_index"][group].cpu().numpy()
+        plans = tuple(_plan_of(write, spans, decode, mine, self.policy.page_size)
+                      for mine in (True, False))
+        read = kwargs["read_index"][group]
+        size = self.policy.page_size
+        ids = [read[k0:k1:size] for (_, _, k0, k1), dec in zip(spans, decode) if dec]
+        if ids:
+            import torch
+            page_ids = (torch.cat(ids) // size).to(torch.int32)
+        else:
+            page_ids = None
+        lengths = [k1 - k0 for (_, _, k0, k1), dec in zip(spans, decode) if dec]
+        return Forward(spans, decode, plans,
+                       None if page_ids is None else self.bridge.array(page_ids), lengths)
+
+    def _pages(self, kc, vc, layer: int) -> PagedKV:
+        """The layer's cache as an NHD PagedKV without tables (filled per decode subset)."""
+        size = self.policy.page_size
+        dtype = TORCH_TAGS.get(str(kc.dtype))
+        if dtype is None:
+            raise ConfigError(f"--engine inplace reads fp16 and bf16 caches; this one is "
+                              f"{kc.dtype}")
+        k, v = (self.bridge.array(x.view(-1, size, x.shape[1], x.shape[2])) for x in (kc, vc))
+        return PagedKV(k, v, self.summaries[layer], None, None, None, (), size, dtype,
+                       layout="NHD")
+
+    def _summarise(self, pages: PagedKV, plan: AppendPlan | None, part: str | None) -> None:
+        """The summary kernel over `plan`'s slots; its time in the timer's `part` (prefill's
+        tokens count as prefill, as QuestPaged counts them)."""
+        if plan is None:
+            return
+        t0 = self._now() if part and self.timer is not None else None
+        with self.bridge.stream():
+            self.backend.summary(pages, plan)
+        if t0 is not None:
+            self.timer.add(part, self._now() - t0)
+
+    def _prefill(self, module, out, query, new_k, new_v, kc, vc, read, mask, span, **kwargs):
+        """A prefill chunk by the attention QuestPaged replaced, its keys gathered from the
+        cache (or the call's own where it reads none)."""
+        q0, q1, k0, k1 = span
+        if read.numel():
+            with_cache = (kc.index_select(0, read[k0:k1]), vc.index_select(0, read[k0:k1]))
+        else:
+            with_cache = (new_k[k0:k1], new_v[k0:k1])
+        k, v = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in with_cache)
+        m = None if mask is None else mask[..., q0:q1, k0:k1].contiguous()
+        t0 = self._now() if self.timer is not None else None
+        out[0, q0:q1] = self.base(module, query[..., q0:q1, :].contiguous(), k, v, m,
+                                  **kwargs)[0][0]
+        if t0 is not None:
+            self.timer.add("base", self._now() - t0)
+
+    def _decode(self, module, out, query, pages: PagedKV, layer: int) -> None:
+        """The decode requests' answers (dense and sparse subsets, one call each) into out."""
+        f = self.forward
+        rows = [q0 for (q0, _, _, _), dec in zip(f.spans, f.decode) if dec]
+        sparse = [self.policy.sparse(layer, n) for n in f.lengths]
+        last = layer == module.config.num_hidden_layers - 1
+        reads = [0.0] * len(rows)
+        for want in (True, False):
+            which = [i for i, s in enumerate(sparse) if s == want]
+            if not which:
+                continue
+            kv = self._tables(pages, which)
+            q = self.bridge.array(query[0, :, [rows[i] for i in which]].transpose(0, 1))
+            with self.bridge.stream():
+                got, read = self._run(q, kv, want, last)
+            answer = self.bridge.tensor(got, query)
+            for j, i in enumerate(which):
+                out[0, rows[i]] = answer[j]
+                reads[i] = read[j] if read else 0.0
+        self.log.selections += sum(sparse)
+        if last:
+            self.log.add(len(rows), sum(-(-n // self.policy.page_size) for n in f.lengths),
+                         sum(reads))
+
+    def _tables(self, pages: PagedKV, which: list[int]) -> PagedKV:
+        """pages with the CSR tables of the decode requests `which` (cached per forward)."""
+        f, size = self.forward, self.policy.page_size
+        key = tuple(which)
+        if key not in f.tables:
+            counts = [-(-n // size) for n in f.lengths]
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            pick = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in which])
+            b = self.backend
+            ids = f.pages if len(which) == len(f.lengths) else f.pages[b.asarray(pick)]
+            lens = [f.lengths[i] for i in which]
+            f.tables[key] = (b.asarray(np.concatenate([[0], np.cumsum([counts[i] for i in which])])
+                                       .astype(np.int32)), ids,
+                             b.asarray(np.array([n - (-(-n // size) - 1) * size for n in lens],
+                                                np.int32)), tuple(lens))
+        indptr, ids, last, lens = f.tables[key]
+        return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, size,
+                       pages.dtype, layout="NHD")
+
+    def _run(self, q, kv: PagedKV, sparse: bool, last: bool):
+        """(out [B, Hq, d], pages read per request, or [] where not counted)."""
+        b = self.backend
+        if not sparse:
+            out, _ = b.attention(q, kv)
+            return out, ([float(-(-n // kv.page_size)) for n in kv.lengths] if last else [])
+        if not last:
+            out, _ = b.quest(q, kv, self.policy.k_pages, "per-head")
+            return out, []
+        scores = b.estimate(q, kv, "per-head")
+        sel, count = b.topk(scores, kv, self.policy.k_pages)
+        out, _ = b.attention(q, kv, sel, count)
+        chosen, count = np.asarray(b.to_host(sel)), np.asarray(b.to_host(count))
+        group = chosen.shape[0] // kv.kv_heads
+        return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
+
+
+def _plan_of(write: np.ndarray, spans, decode, mine: bool, size: int) -> AppendPlan | None:
+    """The summary plan of the tokens written by the spans whose decode flag is `mine`: a row
+    per (page, run of consecutive slots); None where there are none."""
+    at, ids, first, end = 0, [], [], []
+    for (q0, q1, _, _), dec in zip(spans, decode):
+        slots = write[at:at + q1 - q0]
+        at += q1 - q0
+        if dec != mine:
+            continue
+        page, within = np.divmod(slots.astype(np.int64), size)
+        cut = np.flatnonzero((np.diff(page) != 0) | (np.diff(within) != 1)) + 1
+        for run in np.split(np.arange(len(slots)), cut):
+            ids.append(page[run[0]])
+            first.append(within[run[0]])
+            end.append(within[run[-1]] + 1)
+    if not ids:
+        return None
+    as32 = lambda x: np.asarray(x, np.int32)  # noqa: E731
+    return AppendPlan(as32(ids), as32(first), as32(end))
+
+
+class InPlaceDecode:
+    """`serve --engine inplace`: the backend whose stages read the loop's cache in place."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+
+    def attention(self, policy: Policy, timer=None) -> InPlacePaged:
+        """The attention function for one run of the loop."""
+        return InPlacePaged(policy, self.backend, timer=timer)

@@ -1,0 +1,159 @@
+"""The in-place decode (serving/inplace.py) against QuestPaged's host decode, driven as
+transformers 5.17's loop drives 'paged|sdpa': a cache object of that loop's shape (token-major
+[(blocks + 2) x S, Hkv, d] per layer, update() writes at write_index and reads by read_index),
+a prefill of ragged requests, decode steps, a mixed call (a prefill chunk beside decodes) and a
+request reusing a finished one's blocks. The NumPy reference on the CPU, the CuPy kernels on a
+GPU; outputs, summaries and the pages read must agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from questprof.core.config import ConfigError
+from questprof.core.layout import from_storage
+from questprof.serving.inplace import TORCH_TAGS as TAGS
+from questprof.serving.inplace import InPlacePaged, check_loop
+from questprof.serving.paged_attention import Policy, QuestPaged
+
+SIZE, KV_HEADS, Q_HEADS, D, LAYERS, BLOCKS = 8, 2, 4, 64, 2, 24
+
+
+class Cache:
+    """What 5.17's PagedAttentionCache offers the attention call (one full-attention group)."""
+
+    def __init__(self, dtype, device):
+        shape = ((BLOCKS + 2) * SIZE, KV_HEADS, D)
+        self.key_cache = [torch.full(shape, float("nan"), dtype=dtype, device=device)
+                          for _ in range(LAYERS)]
+        self.value_cache = [torch.full(shape, float("nan"), dtype=dtype, device=device)
+                            for _ in range(LAYERS)]
+        self.layer_index_to_group_indices = {i: (0, i) for i in range(LAYERS)}
+        self.sliding_windows = dict.fromkeys(range(LAYERS), 1)
+
+    def update(self, key_states, value_states, layer_idx, read_index, write_index):
+        kc, vc = self.key_cache[layer_idx], self.value_cache[layer_idx]
+        k, v = (x.transpose(1, 2).squeeze(0) for x in (key_states, value_states))
+        kc.index_copy_(0, write_index[0], k)
+        vc.index_copy_(0, write_index[0], v)
+        if read_index[0].numel() == 0:
+            return k, v
+        return kc.index_select(0, read_index[0]), vc.index_select(0, read_index[0])
+
+
+class Module:
+    def __init__(self, layer):
+        self.layer_idx, self.scaling = layer, D ** -0.5
+        self.config = type("Config", (), {"num_hidden_layers": LAYERS})()
+
+
+def causal(module, q, k, v, mask, **kwargs):
+    """A prefill chunk's attention (the function both replace): q [1, Hq, T, d], k, v [1, Hkv,
+    n, d], the chunk's queries the last T positions; returns ([1, T, Hq, d], None)."""
+    t, n = q.shape[2], k.shape[2]
+    k, v = (x.repeat_interleave(Q_HEADS // KV_HEADS, dim=1).float() for x in (k, v))
+    s = q.float() @ k.transpose(-1, -2) * module.scaling
+    at = torch.arange(n, device=q.device)
+    allowed = at[None, :] <= at[n - t:, None]
+    s = s.masked_fill(~allowed, -torch.inf)
+    return (torch.softmax(s, -1) @ v).to(q.dtype).transpose(1, 2), None
+
+
+class Loop:
+    """Requests with block tables over one shared cache; each call's kwargs as 5.17 builds them."""
+
+    def __init__(self, blocks):
+        self.free = list(blocks)
+        self.tables, self.lengths = {}, {}
+
+    def slots(self, r, start, end):
+        while len(self.tables.setdefault(r, [])) * SIZE < end:
+            self.tables[r].append(self.free.pop(0))
+        return [self.tables[r][p // SIZE] * SIZE + p % SIZE for p in range(start, end)]
+
+    def finish(self, r):
+        self.free = self.tables.pop(r) + self.free
+        self.lengths.pop(r)
+
+    def call(self, new: dict, device):
+        """kwargs of a forward where request r brings new[r] tokens."""
+        cu_q, cu_k, write, read = [0], [0], [], []
+        reads = any(self.lengths.get(r, 0) for r in new)
+        for r, n in new.items():
+            past = self.lengths.get(r, 0)
+            write += self.slots(r, past, past + n)
+            self.lengths[r] = past + n
+            read += self.slots(r, 0, past + n) if reads else []
+            cu_q.append(cu_q[-1] + n)
+            cu_k.append(cu_k[-1] + (past + n if reads else n))
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        return {"cu_seq_lens_q": as_t(cu_q), "cu_seq_lens_k": as_t(cu_k),
+                "write_index": [as_t(write)], "read_index": [as_t(read)]}
+
+
+def _drive(backend, dtype, device):
+    """Both attention functions over the same calls; (their outputs per call and layer, both)."""
+    gen = torch.Generator().manual_seed(7)
+    policy = Policy("quest", SIZE, 2 * SIZE, dense_layers=1)
+    host = QuestPaged(policy, base=causal)
+    inplace = InPlacePaged(policy, backend, base=causal)
+    caches = {id(host): Cache(dtype, device), id(inplace): Cache(dtype, device)}
+    loop = Loop(np.random.default_rng(3).permutation(BLOCKS).tolist())
+    # prefill of tails 1, S - 1, S + 1 (requests 0-2), decodes, 1 finishes, 3 reuses its blocks
+    # as a prefill chunk beside decodes, decodes
+    calls = [{0: 4 * SIZE + 1, 1: SIZE - 1, 2: 2 * SIZE + 1}] + [{0: 1, 1: 1, 2: 1}] * 3
+    calls += ["finish 1", {0: 1, 3: 3 * SIZE, 2: 1}, {0: 1, 2: 1, 3: 1}, {0: 1, 2: 1, 3: 1}]
+    outs = []
+    for new in calls:
+        if isinstance(new, str):
+            loop.finish(int(new.split()[1]))
+            continue
+        kwargs = loop.call(new, device)
+        tokens = int(kwargs["cu_seq_lens_q"][-1])
+        for layer in range(LAYERS):
+            q = torch.randn(1, Q_HEADS, tokens, D, generator=gen).to(dtype).to(device)
+            k = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
+            v = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
+            outs.append([f(Module(layer), q, k, v, None, cache=caches[id(f)], **kwargs)[0]
+                         for f in (host, inplace)])
+    return outs, host, inplace
+
+
+def _check(backend, dtype, device, tol):
+    """tol: the host decode's logits are rounded to the cache dtype before the softmax (torch
+    matmul in fp16 / bf16), the stages' are float32, so the two differ by that rounding."""
+    outs, host, inplace = _drive(backend, dtype, device)
+    for want, got in outs:
+        want, got = want.float().cpu(), got.float().cpu()
+        assert torch.isfinite(got).all()
+        assert torch.linalg.norm(got - want) <= tol * torch.linalg.norm(want)
+    assert [s["pages_read"] for s in inplace.log.steps] == [s["pages_read"] for s in host.log.steps]
+    assert [s["active_pages"] for s in inplace.log.steps] == \
+        [s["active_pages"] for s in host.log.steps]
+    assert inplace.log.selections == host.log.selections > 0
+    # the summaries beside the cache are the host's min/max of the pages in use
+    box = host.summaries[1].box
+    ours = from_storage(backend.to_host(inplace.summaries[1]), TAGS[str(dtype)])
+    used = [b for b in range(box.shape[0]) if np.isfinite(box[b]).all()]
+    np.testing.assert_allclose(ours[used], box[used], rtol=0, atol=0)
+
+
+def test_inplace_on_the_reference_is_the_host_decode():
+    from questprof.backends.numpy import NumpyBackend
+    _check(NumpyBackend(), torch.float16, "cpu", 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_inplace_on_the_kernels_is_the_host_decode(dtype):
+    from questprof.backends import get_backend
+    _check(get_backend("cupy"), getattr(torch, dtype), "cuda",
+           3e-2 if dtype == "bfloat16" else 5e-3)
+
+
+def test_inplace_needs_a_loop_that_brings_its_cache():
+    check_loop("paged|sdpa")
+    with pytest.raises(ConfigError, match="paged|sdpa"):
+        check_loop("sdpa")

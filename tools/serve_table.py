@@ -1,0 +1,28 @@
+"""The per-run rows of `questprof serve` result directories as one short table (policy, engine,
+per-token p50 / p95, TTFT p50, tokens per second, each part's share of the decode steps).
+
+    python tools/serve_table.py DIR [DIR ...]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+COLUMNS = ["policy", "engine", "concurrency", "requests", "token_p50_ms", "token_p95_ms",
+           "ttft_p50_ms", "tokens_per_s", "step_ms_mean", "step_pages_read_mean",
+           "attention_share", "cache_share", "prefill_share", "model_rest_share", "python_share"]
+
+
+def main() -> None:
+    runs = []
+    for path in sys.argv[1:]:
+        df = pd.read_parquet(f"{path}/results.parquet")
+        runs.append(df[df["stage"] == "serve"])
+    table = pd.concat(runs)[COLUMNS]
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+
+
+if __name__ == "__main__":
+    main()
