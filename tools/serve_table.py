@@ -1,5 +1,6 @@
 """The per-run rows of `questprof serve` result directories as one short table (policy, engine,
-per-token p50 / p95, TTFT p50, tokens per second, each part's share of the decode steps).
+per-token p50 / p95, TTFT p50, tokens per second, each part's share of the decode steps), then
+the medians of the forwards that ran decode steps only (no prefill chunk beside them).
 
     python tools/serve_table.py DIR [DIR ...]
 """
@@ -13,15 +14,23 @@ import pandas as pd
 COLUMNS = ["policy", "engine", "concurrency", "requests", "token_p50_ms", "token_p95_ms",
            "ttft_p50_ms", "tokens_per_s", "step_ms_mean", "step_pages_read_mean",
            "attention_share", "cache_share", "prefill_share", "model_rest_share", "python_share"]
+STEP = ["step_ms", "attention_ms", "cache_ms", "model_rest_ms", "python_ms"]
 
 
 def main() -> None:
-    runs = []
+    runs, steps = [], []
     for path in sys.argv[1:]:
         df = pd.read_parquet(f"{path}/results.parquet")
         runs.append(df[df["stage"] == "serve"])
+        steps.append(df[df["stage"] == "serve-step"])
     table = pd.concat(runs)[COLUMNS]
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    steps = pd.concat(steps)
+    decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_requests"] > 0)]
+    print("\ndecode-only steps (no prefill chunk in the forward), medians in ms:")
+    print(decode.groupby(["policy", "engine", "decode_requests"])[STEP].median()
+          .join(decode.groupby(["policy", "engine", "decode_requests"]).size().rename("steps"))
+          .to_string(float_format=lambda x: f"{x:.3g}"))
 
 
 if __name__ == "__main__":

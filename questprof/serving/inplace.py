@@ -84,7 +84,10 @@ class Bridge:
             return nullcontext()
         import cupy
         import torch
-        return cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        stream = torch.cuda.current_stream()
+        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy 14: ExternalStream is deprecated
+            return cupy.cuda.Stream.from_external(stream)
+        return cupy.cuda.ExternalStream(stream.cuda_stream)
 
 
 @dataclass
@@ -207,7 +210,8 @@ class InPlacePaged:
             raise ConfigError(f"--engine inplace reads fp16 and bf16 caches; this one is "
                               f"{kc.dtype}")
         k, v = (self.bridge.array(x.view(-1, size, x.shape[1], x.shape[2])) for x in (kc, vc))
-        return PagedKV(k, v, self.summaries[layer], None, None, None, (), size, dtype,
+        none = self.backend.asarray(np.zeros(1, np.int32))  # tables of no request (summary)
+        return PagedKV(k, v, self.summaries[layer], none, none[:0], none[:0], (), size, dtype,
                        layout="NHD")
 
     def _summarise(self, pages: PagedKV, plan: AppendPlan | None, part: str | None) -> None:
