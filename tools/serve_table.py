@@ -7,7 +7,7 @@ the medians of the forwards that ran decode steps only (no prefill chunk beside 
 
 from __future__ import annotations
 
-import sys
+import argparse
 
 import pandas as pd
 
@@ -18,8 +18,10 @@ STEP = ["step_ms", "attention_ms", "cache_ms", "model_rest_ms", "python_ms"]
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="+", help="result directories of questprof serve")
     runs, steps = [], []
-    for path in sys.argv[1:]:
+    for path in parser.parse_args().dirs:
         df = pd.read_parquet(f"{path}/results.parquet")
         runs.append(df[df["stage"] == "serve"])
         steps.append(df[df["stage"] == "serve-step"])

@@ -24,6 +24,7 @@ three stages one by one for that (the other layers' Quest is one chained call).
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -130,7 +131,6 @@ class InPlacePaged:
                 self.timer.add("attention_call", self._now() - t1)
 
     def _now(self) -> float:
-        import time
         return self.timer.now() if self.timer is not None else time.perf_counter()
 
     def _write(self, module, key, value, kwargs):
