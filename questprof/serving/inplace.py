@@ -113,6 +113,7 @@ class InPlacePaged:
         self.bridge = Bridge(backend)
         self.backend = backend
         self.summaries: dict[int, object] = {}
+        self.views: dict[tuple, PagedKV] = {}  # _pages: (layer, K and V pointers) -> its view
         self.log = StepLog()
         self.forward: Forward | None = None
 
@@ -203,16 +204,21 @@ class InPlacePaged:
                        None if page_ids is None else self.bridge.array(page_ids), lengths)
 
     def _pages(self, kc, vc, layer: int) -> PagedKV:
-        """The layer's cache as an NHD PagedKV without tables (filled per decode subset)."""
-        size = self.policy.page_size
-        dtype = TORCH_TAGS.get(str(kc.dtype))
-        if dtype is None:
-            raise ConfigError(f"--engine inplace reads fp16 and bf16 caches; this one is "
-                              f"{kc.dtype}")
-        k, v = (self.bridge.array(x.view(-1, size, x.shape[1], x.shape[2])) for x in (kc, vc))
-        none = self.backend.asarray(np.zeros(1, np.int32))  # tables of no request (summary)
-        return PagedKV(k, v, self.summaries[layer], none, none[:0], none[:0], (), size, dtype,
-                       layout="NHD")
+        """The layer's cache as an NHD PagedKV with the tables of no request (the summary's;
+        decode subsets get theirs in _tables), made once per layer and cache tensor."""
+        key = (layer, kc.data_ptr(), vc.data_ptr())
+        if key not in self.views:
+            size = self.policy.page_size
+            dtype = TORCH_TAGS.get(str(kc.dtype))
+            if dtype is None:
+                raise ConfigError(f"--engine inplace reads fp16 and bf16 caches; this one is "
+                                  f"{kc.dtype}")
+            k, v = (self.bridge.array(x.view(-1, size, x.shape[1], x.shape[2]))
+                    for x in (kc, vc))
+            none = self.backend.asarray(np.zeros(1, np.int32))
+            self.views[key] = PagedKV(k, v, self.summaries[layer], none, none[:0], none[:0],
+                                      (), size, dtype, layout="NHD")
+        return self.views[key]
 
     def _summarise(self, pages: PagedKV, plan: AppendPlan | None, part: str | None) -> None:
         """The summary kernel over `plan`'s slots; its time in the timer's `part` (prefill's

@@ -1,0 +1,121 @@
+"""What questprof's attention call costs inside transformers' loop beside its kernels alone:
+serving/inplace.InPlacePaged called as 5.17's loop calls it (a cache of that loop's shape, a
+decode-only forward of B requests of L tokens), per layer, against the same Quest step and
+dense attention launched from Python in a loop and replayed as a CUDA graph (bench's way).
+One layer's cache (Llama-3.1-8B's: 32 q / 8 KV heads, d 128, bf16, page 16, budget 2048).
+
+    python tools/serve_glue.py [--batches 1,8] [--length 32768] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+Q_HEADS, KV_HEADS, D, SIZE, BUDGET, LAYERS = 32, 8, 128, 16, 2048, 32
+
+
+class Cache:
+    """One full-attention layer group as 5.17's PagedAttentionCache holds it (two layers)."""
+
+    def __init__(self, blocks, torch):
+        shape = ((blocks + 2) * SIZE, KV_HEADS, D)
+        self.key_cache = [torch.randn(shape, device="cuda").to(torch.bfloat16) for _ in range(2)]
+        self.value_cache = [torch.randn(shape, device="cuda").to(torch.bfloat16)
+                            for _ in range(2)]
+        self.layer_index_to_group_indices = {0: (0, 0), 1: (0, 1)}
+        self.sliding_windows = {0: 1, 1: 1}
+
+
+class Module:
+    def __init__(self, layer):
+        self.layer_idx, self.scaling = layer, D ** -0.5
+        self.config = type("Config", (), {"num_hidden_layers": LAYERS})()
+
+
+def _kwargs(batch, length, torch):
+    """A decode-only forward's kwargs: request r's pages are blocks r*P .. r*P + P - 1."""
+    pages = -(-length // SIZE)
+    read = torch.cat([torch.arange(r * pages * SIZE, r * pages * SIZE + length)
+                      for r in range(batch)]).cuda()
+    write = torch.tensor([r * pages * SIZE + length - 1 for r in range(batch)]).cuda()
+    cu_q = torch.arange(batch + 1).cuda()
+    cu_k = torch.arange(batch + 1).cuda() * length
+    return {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k, "write_index": [write],
+            "read_index": [read]}, pages
+
+
+def _per_call_us(run, repeats, torch):
+    run()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeats * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--length", type=int, default=32768)
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+
+    import cupy
+    import numpy as np
+    import torch
+
+    from questprof.backends import get_backend
+    from questprof.core.layout import AppendPlan
+    from questprof.serving.inplace import InPlacePaged
+    from questprof.serving.paged_attention import Policy
+
+    backend = get_backend("cupy")
+    print(f"{'B':>3}{'L':>8}  {'call dense':>11}{'call quest':>11}{'quest py':>10}"
+          f"{'quest graph':>12}{'dense py':>10}{'dense graph':>12}   us per layer", flush=True)
+    for batch in (int(b) for b in args.batches.split(",")):
+        kwargs, pages = _kwargs(batch, args.length, torch)
+        cache = Cache(batch * pages, torch)
+        attention = InPlacePaged(Policy("quest", SIZE, BUDGET, dense_layers=1), backend,
+                                 base=None)
+        q = torch.randn(1, Q_HEADS, batch, D, device="cuda").to(torch.bfloat16)
+        k = torch.randn(1, KV_HEADS, batch, D, device="cuda").to(torch.bfloat16)
+
+        def layer(i):
+            return attention(Module(i), q, k, k, None, cache=cache, **kwargs)
+
+        layer(0)  # the forward's tables; then every page's summary, as a prefill leaves them
+        for i in (0, 1):
+            kv = attention._pages(cache.key_cache[i], cache.value_cache[i], i)
+            every = np.arange(batch * pages, dtype=np.int32)
+            backend.summary(kv, AppendPlan(every, np.zeros_like(every),
+                                           np.full_like(every, SIZE)))
+        calls = [_per_call_us(lambda: layer(i), args.repeats, torch) for i in (0, 1)]
+        kv = attention._tables(attention._pages(cache.key_cache[1], cache.value_cache[1], 1),
+                               list(range(batch)))
+        qc = attention.bridge.array(q[0].transpose(0, 1))
+        steps = {"quest": lambda: backend.quest(qc, kv, BUDGET // SIZE, "per-head"),
+                 "dense": lambda: backend.attention(qc, kv)}
+        alone = []
+        for run in steps.values():
+            alone.append(_per_call_us(run, args.repeats, torch))
+            stream = cupy.cuda.Stream(non_blocking=True)
+            with stream:
+                run()
+                stream.begin_capture()
+                run()
+                graph = stream.end_capture()
+            stream.synchronize()
+            alone.append(_per_call_us(lambda: graph.launch(stream), args.repeats, torch))
+        print(f"{batch:>3}{args.length:>8}  {calls[0]:>11.1f}{calls[1]:>11.1f}{alone[0]:>10.1f}"
+              f"{alone[1]:>12.1f}{alone[2]:>10.1f}{alone[3]:>12.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
