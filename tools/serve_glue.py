@@ -90,7 +90,8 @@ def main() -> None:
         def layer(i):
             return attention(Module(i), q, k, k, None, cache=cache, **kwargs)
 
-        layer(0)  # the forward's tables; then every page's summary, as a prefill leaves them
+        layer(0)  # the forward's tables and both layers' summaries; then every page's
+        layer(1)  # summary, as a prefill leaves them
         for i in (0, 1):
             kv = attention._pages(cache.key_cache[i], cache.value_cache[i], i)
             every = np.arange(batch * pages, dtype=np.int32)
