@@ -65,6 +65,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--profile", type=int, default=0,
+                        help="print this many lines of a cProfile of the Quest layer's call")
     args = parser.parse_args()
 
     import cupy
@@ -98,8 +100,8 @@ def main() -> None:
             backend.summary(kv, AppendPlan(every, np.zeros_like(every),
                                            np.full_like(every, SIZE)))
         calls = [_per_call_us(lambda: layer(i), args.repeats, torch) for i in (0, 1)]
-        kv = attention._tables(attention._pages(cache.key_cache[1], cache.value_cache[1], 1),
-                               list(range(batch)))
+        kv, _ = attention._tables(attention._pages(cache.key_cache[1], cache.value_cache[1], 1),
+                                  list(range(batch)), list(range(batch)), q.device)
         qc = attention.bridge.array(q[0].transpose(0, 1))
         steps = {"quest": lambda: backend.quest(qc, kv, BUDGET // SIZE, "per-head"),
                  "dense": lambda: backend.attention(qc, kv)}
@@ -116,6 +118,25 @@ def main() -> None:
             alone.append(_per_call_us(lambda: graph.launch(stream), args.repeats, torch))
         print(f"{batch:>3}{args.length:>8}  {calls[0]:>11.1f}{calls[1]:>11.1f}{alone[0]:>10.1f}"
               f"{alone[1]:>12.1f}{alone[2]:>10.1f}{alone[3]:>12.1f}", flush=True)
+        if args.profile:
+            _profile(lambda: layer(1), args.repeats, args.profile)
+
+
+def _profile(run, repeats: int, lines: int) -> None:
+    """cProfile of `repeats` calls: the functions with the most own time, then cumulative."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(repeats):
+        run()
+    prof.disable()
+    for order in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats(order).print_stats(lines)
+        print("\n".join(x for x in text.getvalue().splitlines() if x.strip())[:6000],
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class Bridge:
     def __init__(self, backend) -> None:
         self.backend = backend
         self.gpu = backend.name == "cupy"
+        self.streams: dict[int, object] = {}
 
     def array(self, t):
         import torch
@@ -80,15 +81,19 @@ class Bridge:
         return (t.view(torch.bfloat16) if bf16 else t.to(like.dtype)).to(like.device)
 
     def stream(self):
-        """The backend's launches on torch's current stream (a GPU), so order holds."""
+        """The backend's launches on torch's current stream (a GPU), so order holds; one CuPy
+        stream object per torch stream."""
         if not self.gpu:
             return nullcontext()
         import cupy
         import torch
         stream = torch.cuda.current_stream()
-        if hasattr(cupy.cuda.Stream, "from_external"):  # CuPy 14: ExternalStream is deprecated
-            return cupy.cuda.Stream.from_external(stream)
-        return cupy.cuda.ExternalStream(stream.cuda_stream)
+        if stream.cuda_stream not in self.streams:
+            self.streams[stream.cuda_stream] = (
+                cupy.cuda.Stream.from_external(stream)  # CuPy 14: ExternalStream deprecated
+                if hasattr(cupy.cuda.Stream, "from_external")
+                else cupy.cuda.ExternalStream(stream.cuda_stream))
+        return self.streams[stream.cuda_stream]
 
 
 @dataclass
@@ -189,7 +194,8 @@ class InPlacePaged:
                  if cu_q[r + 1] > cu_q[r]]
         decode = [_is_decode(*s) for s in spans]
         write = kwargs["write_index"][group].cpu().numpy()
-        plans = tuple(_plan_of(write, spans, decode, mine, self.policy.page_size)
+        plans = tuple(self._on_backend(_plan_of(write, spans, decode, mine,
+                                                self.policy.page_size))
                       for mine in (True, False))
         read = kwargs["read_index"][group]
         size = self.policy.page_size
@@ -202,6 +208,14 @@ class InPlacePaged:
         lengths = [k1 - k0 for (_, _, k0, k1), dec in zip(spans, decode) if dec]
         return Forward(spans, decode, plans,
                        None if page_ids is None else self.bridge.array(page_ids), lengths)
+
+    def _on_backend(self, plan: AppendPlan | None) -> AppendPlan | None:
+        """plan's arrays copied to the backend once per forward (not once per layer: on a GPU a
+        copy from pageable host memory waits for the stream)."""
+        if plan is None:
+            return None
+        b = self.backend
+        return AppendPlan(b.asarray(plan.page_ids), b.asarray(plan.first), b.asarray(plan.end))
 
     def _pages(self, kc, vc, layer: int) -> PagedKV:
         """The layer's cache as an NHD PagedKV with the tables of no request (the summary's;
@@ -258,21 +272,21 @@ class InPlacePaged:
             which = [i for i, s in enumerate(sparse) if s == want]
             if not which:
                 continue
-            kv = self._tables(pages, which)
-            q = self.bridge.array(query[0, :, [rows[i] for i in which]].transpose(0, 1))
+            kv, at = self._tables(pages, which, [rows[i] for i in which], query.device)
+            q = self.bridge.array(query[0].index_select(1, at).transpose(0, 1))
             with self.bridge.stream():
                 got, read = self._run(q, kv, want, last)
-            answer = self.bridge.tensor(got, query)
+            out[0].index_copy_(0, at, self.bridge.tensor(got, query))
             for j, i in enumerate(which):
-                out[0, rows[i]] = answer[j]
                 reads[i] = read[j] if read else 0.0
         self.log.selections += sum(sparse)
         if last:
             self.log.add(len(rows), sum(-(-n // self.policy.page_size) for n in f.lengths),
                          sum(reads))
 
-    def _tables(self, pages: PagedKV, which: list[int]) -> PagedKV:
-        """pages with the CSR tables of the decode requests `which` (cached per forward)."""
+    def _tables(self, pages: PagedKV, which: list[int], rows: list[int], device):
+        """(pages with the CSR tables of the decode requests `which`, their query rows as a
+        torch index on `device`), made once per forward."""
         f, size = self.forward, self.policy.page_size
         key = tuple(which)
         if key not in f.tables:
@@ -285,10 +299,10 @@ class InPlacePaged:
             f.tables[key] = (b.asarray(np.concatenate([[0], np.cumsum([counts[i] for i in which])])
                                        .astype(np.int32)), ids,
                              b.asarray(np.array([n - (-(-n // size) - 1) * size for n in lens],
-                                                np.int32)), tuple(lens))
-        indptr, ids, last, lens = f.tables[key]
+                                                np.int32)), tuple(lens), _index(rows, device))
+        indptr, ids, last, lens, at = f.tables[key]
         return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, size,
-                       pages.dtype, layout="NHD")
+                       pages.dtype, layout="NHD"), at
 
     def _run(self, q, kv: PagedKV, sparse: bool, last: bool):
         """(out [B, Hq, d], pages read per request, or [] where not counted)."""
@@ -305,6 +319,11 @@ class InPlacePaged:
         chosen, count = np.asarray(b.to_host(sel)), np.asarray(b.to_host(count))
         group = chosen.shape[0] // kv.kv_heads
         return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
+
+
+def _index(rows: list[int], device):
+    import torch
+    return torch.tensor(rows, dtype=torch.int64, device=device)
 
 
 def _plan_of(write: np.ndarray, spans, decode, mine: bool, size: int) -> AppendPlan | None:
