@@ -507,8 +507,9 @@ def serve(
     engine: Annotated[str, typer.Option(
         help="The decode: host (top-K on the host, torch attention), kernels (questprof's "
              "stages over a copy of the step's pages: the CuPy kernels on a GPU, else the NumPy "
-             "reference) or inplace (the stages reading the loop's own cache blocks in place; "
-             "transformers 5.17)")] = ServeArgs.engine,
+             "reference), inplace (the stages reading the loop's own cache blocks in place; "
+             "transformers 5.17) or transformers (its own attention, dense: the baseline)")]
+        = ServeArgs.engine,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/serve-<timestamp>/"))] = None,
 ) -> None:

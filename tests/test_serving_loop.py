@@ -167,6 +167,23 @@ def test_kernels_engine_runs_the_backends_stages(config_json, tmp_path):
     assert (df[df["stage"] == "serve"]["selections"] == 2 * 2).all()  # 2 decodes x 1 layer
 
 
+def test_transformers_engine_is_the_loops_own_attention(config_json, tmp_path):
+    """--engine transformers: the baseline, transformers' attention left in place (ours never
+    called: no selection, no decode step logged), every request its forced output length."""
+    out, ours = tmp_path / "out", tmp_path / "ours"
+    flags = ["--model", config_json, "--mix", "uniform", "--lengths", "20..40", "--requests", 2,
+             "--output", 3, "--policy", "dense"]
+    result = run("serve", *flags, "--engine", "transformers", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert run("serve", *flags, "--out", ours).exit_code == 0
+    df, mine = results.load(out)[0], results.load(ours)[0]
+    summary, theirs = df[df["stage"] == "serve"].iloc[0], mine[mine["stage"] == "serve"].iloc[0]
+    assert summary["engine"] == summary["impl"] == "transformers"
+    assert summary["selections"] == 0 and summary["steps"] == 0 < theirs["steps"]
+    counts = df[df["stage"] == "serve-request"].sort_values("request")["tokens"].tolist()
+    assert counts == [3, 3]
+
+
 @pytest.mark.gpu
 def test_kernels_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
     """On a GPU, an fp16 random Llama: the CuPy kernels' decode gives the host decode's greedy
@@ -247,6 +264,7 @@ def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
+    (["--mix", "uniform", "--lengths", "64", "--engine", "transformers"], "--policy dense"),
     (["--mix", "uniform", "--lengths", "64", "--page-size", "0"], "--page-size 0: expected"),
     (["--mix", "uniform", "--lengths", "64", "--requests", "0"], "--requests 0: expected"),
     (["--mix", "uniform", "--lengths", "64", "--output", "0"], "--output 0: expected"),

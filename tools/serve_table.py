@@ -25,7 +25,7 @@ def main() -> None:
         df = pd.read_parquet(f"{path}/results.parquet")
         runs.append(df[df["stage"] == "serve"])
         steps.append(df[df["stage"] == "serve-step"])
-    table = pd.concat(runs)[COLUMNS]
+    table = pd.concat(runs).reindex(columns=COLUMNS)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     steps = pd.concat(steps)
     decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_requests"] > 0)]

@@ -26,4 +26,4 @@ class ServeArgs:
     num_blocks: int | None = None  # cache pages; None: every request's at once
     max_batch_tokens: int | None = None  # tokens per forward; None: the longest prompt, <= 8K
     seed: int = 0  # of prompts and random weights
-    engine: str = "host"  # the decode: host (torch), kernels (stages over a copy), inplace
+    engine: str = "host"  # host (torch), kernels (stages over a copy), inplace, transformers

@@ -15,7 +15,7 @@ from questprof.core.config import ConfigError
 from questprof.core.machine import git_fields, machine_info
 from questprof.serving.inplace import InPlaceDecode, check_loop
 from questprof.serving.latency import summarize, token_gaps_ms
-from questprof.serving.loop import LoopSettings, serve
+from questprof.serving.loop import LoopSettings, OwnAttention, serve
 from questprof.serving.models import load_serving_model, requests_for
 from questprof.serving.paged_attention import HostDecode, Policy
 from questprof.serving.stages_decode import StagesDecode
@@ -23,14 +23,18 @@ from questprof.serving.step_time import shares
 
 SERVE, REQUEST, STEP = "serve", "serve-request", "serve-step"  # rows of a run, request, forward
 PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
-# --engine: paged_attention.HostDecode, stages_decode.StagesDecode, inplace.InPlaceDecode
-ENGINES = ("host", "kernels", "inplace")
+# --engine: paged_attention.HostDecode, stages_decode.StagesDecode, inplace.InPlaceDecode,
+# loop.OwnAttention (transformers' own attention, the baseline)
+ENGINES = ("host", "kernels", "inplace", "transformers")
 
 
 def check_fits(args: ServeArgs, policies, specs, layers: int) -> None:
     """ConfigError in one line, before any run: a Quest policy whose dense layers take every
     layer (it would select nothing and still say quest), or cache pages too few for the longest
     request (transformers stops with a RuntimeError)."""
+    if args.engine == "transformers" and any(p.name != "dense" for p in policies):
+        raise ConfigError("--engine transformers runs transformers' own attention, which is "
+                          "dense: use --policy dense (Quest needs host, kernels or inplace)")
     if any(p.name != "dense" for p in policies) and args.dense_layers >= layers:
         raise ConfigError(f"--dense-layers {args.dense_layers}: the model has {layers} layers, so "
                           "Quest would select in none; lower it below the layer count")
@@ -90,6 +94,8 @@ def decode_engine(name: str, log=print):
         raise ConfigError(f"bad --engine {name!r}: expected one of {', '.join(ENGINES)}")
     if name == "host":
         return HostDecode(), "host"
+    if name == "transformers":
+        return OwnAttention(), "transformers"
     if name == "inplace":
         check_loop()
     backend = get_backend("auto")
@@ -108,7 +114,8 @@ def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int, engine: str
             "k_pages": policy.k_pages, "dense_layers": policy.dense_layers,
             "crossover": policy.crossover if policy.name == "hybrid" else None,
             "layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
-            "kv_heads": cfg.num_key_value_heads, "impl": "questprof_paged",
+            "kv_heads": cfg.num_key_value_heads,
+            "impl": "transformers" if engine == "transformers" else "questprof_paged",
             "backend": str(loaded.model.device), "engine": engine, "mode": "per-head"}
 
 

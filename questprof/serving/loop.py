@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 from questprof.serving.inplace import InPlaceDecode
@@ -19,6 +20,12 @@ from questprof.serving.paged_attention import Policy, QuestPaged, StepLog, bound
 from questprof.serving.step_time import StepClock, step_parts
 
 RESULT_WAIT_S = 600.0  # one request's longest wait for its result before the run gives up
+
+
+class OwnAttention:
+    """`serve --engine transformers`: the loop's own attention left in place (the baseline: for
+    5.17 its 'paged|sdpa', which gathers every request's keys each layer); dense only, and its
+    time counts in the rest of the model (no attention timer of ours around it)."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +120,13 @@ def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings
     inplace.InPlaceDecode, whose attention reads the loop's cache in place)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
     clock = StepClock(_sync(model))
+    own = isinstance(engine, OwnAttention)
+    if own and policy.name != "dense":
+        raise ValueError(f"transformers' own attention is dense: policy {policy.name!r} needs "
+                         "questprof's attention")
     attention = (engine.attention(policy, clock) if isinstance(engine, InPlaceDecode)
-                 else QuestPaged(policy, engine=engine, timer=clock))
-    with bound(model, attention), clock.watching(model), \
+                 else QuestPaged(policy, engine=None if own else engine, timer=clock))
+    with (nullcontext() if own else bound(model, attention)), clock.watching(model), \
             model.continuous_batching_context_manager(
                 generation_config=gen, continuous_batching_config=cb, block=True, timeout=5,
                 warmup=False) as manager:

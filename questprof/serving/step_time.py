@@ -85,8 +85,10 @@ class StepClock:
             finally:
                 self.add("cache", self.now() - t0)
 
-        pre = model.register_forward_pre_hook(
-            lambda *_: self.forwards.append(Forward(self.now())))
+        def start(_, args, kwargs):
+            self.forwards.append(Forward(self.now(), **batch_of(kwargs)))
+
+        pre = model.register_forward_pre_hook(start, with_kwargs=True)
         post = model.register_forward_hook(lambda *_: setattr(self.forwards[-1], "end",
                                                               self.now()))
         if update is not None:
@@ -98,6 +100,20 @@ class StepClock:
                 PagedAttentionCache.update = update
             pre.remove()
             post.remove()
+
+
+def batch_of(kwargs: dict) -> dict:
+    """A forward's decode requests and prefill tokens from the loop's sequence lengths (the
+    attention call's `batch` says the same from layer 0; this serves a run whose attention is
+    transformers' own); {} where the forward does not bring them."""
+    cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if isinstance(cu_k, dict):
+        cu_k = next(iter(cu_k.values()), None)
+    if cu_q is None or cu_k is None:
+        return {}
+    q, k = cu_q.tolist(), cu_k.tolist()
+    decode = sum(q[r + 1] - q[r] == 1 and k[r + 1] - k[r] > 1 for r in range(len(q) - 1))
+    return {"decode": decode, "prefill_tokens": q[-1] - q[0] - decode}
 
 
 def split(f: Forward, next_start: float | None) -> dict:
