@@ -32,6 +32,7 @@ class Cache:
                             for _ in range(LAYERS)]
         self.layer_index_to_group_indices = {i: (0, i) for i in range(LAYERS)}
         self.sliding_windows = dict.fromkeys(range(LAYERS), 1)
+        self.block_size = SIZE
 
     def update(self, key_states, value_states, layer_idx, read_index, write_index):
         kc, vc = self.key_cache[layer_idx], self.value_cache[layer_idx]
@@ -93,8 +94,9 @@ class Loop:
                 "write_index": [as_t(write)], "read_index": [as_t(read)]}
 
 
-def _drive(backend, dtype, device):
-    """Both attention functions over the same calls; (their outputs per call and layer, both)."""
+def _drive(backend, dtype, device, layers=range(LAYERS)):
+    """Both attention functions over the same calls, each forward through `layers`; (their
+    outputs per call and layer, both)."""
     gen = torch.Generator().manual_seed(7)
     policy = Policy("quest", SIZE, 2 * SIZE, dense_layers=1)
     host = QuestPaged(policy, base=causal)
@@ -112,7 +114,7 @@ def _drive(backend, dtype, device):
             continue
         kwargs = loop.call(new, device)
         tokens = int(kwargs["cu_seq_lens_q"][-1])
-        for layer in range(LAYERS):
+        for layer in layers:
             q = torch.randn(1, Q_HEADS, tokens, D, generator=gen).to(dtype).to(device)
             k = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
             v = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
@@ -121,10 +123,10 @@ def _drive(backend, dtype, device):
     return outs, host, inplace
 
 
-def _check(backend, dtype, device, tol):
+def _check(backend, dtype, device, tol, layers=range(LAYERS)):
     """tol: the host decode's logits are rounded to the cache dtype before the softmax (torch
     matmul in fp16 / bf16), the stages' are float32, so the two differ by that rounding."""
-    outs, host, inplace = _drive(backend, dtype, device)
+    outs, host, inplace = _drive(backend, dtype, device, layers)
     for want, got in outs:
         want, got = want.float().cpu(), got.float().cpu()
         assert torch.isfinite(got).all()
@@ -140,9 +142,30 @@ def _check(backend, dtype, device, tol):
     np.testing.assert_allclose(ours[used], box[used], rtol=0, atol=0)
 
 
-def test_inplace_on_the_reference_is_the_host_decode():
+@pytest.mark.parametrize("layers", [range(LAYERS), [1]])
+def test_inplace_on_the_reference_is_the_host_decode(layers):
+    """Every layer per forward, and only the last (a forward is known by its own write_index,
+    not by layer 0 coming first)."""
     from questprof.backends.numpy import NumpyBackend
-    _check(NumpyBackend(), torch.float16, "cpu", 5e-3)
+    _check(NumpyBackend(), torch.float16, "cpu", 5e-3, layers)
+
+
+@pytest.mark.parametrize("what,said", [("scaling", "1/sqrt(d)"), ("block", "cache blocks")])
+def test_inplace_refuses_what_its_stages_would_get_wrong(what, said):
+    """A model that scales scores otherwise than 1/sqrt(d), cache blocks of another size than
+    Quest's pages: one line, never a wrong output."""
+    from questprof.backends.numpy import NumpyBackend
+    attention = InPlacePaged(Policy("dense", SIZE, 2 * SIZE), NumpyBackend(), base=causal)
+    cache, module = Cache(torch.float16, "cpu"), Module(0)
+    if what == "scaling":
+        module.scaling = 0.02
+    else:
+        cache.block_size = 2 * SIZE
+    kwargs = Loop(range(BLOCKS)).call({0: SIZE + 3}, "cpu")
+    q = torch.randn(1, Q_HEADS, SIZE + 3, D).half()
+    k = torch.randn(1, KV_HEADS, SIZE + 3, D).half()
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        attention(module, q, k, k, None, cache=cache, **kwargs)
 
 
 @pytest.mark.gpu

@@ -245,6 +245,20 @@ def test_inplace_engine_on_the_gpu_gives_the_host_engines_tokens(tmp_path):
         assert all(s["pages_read"] > 0 for s in log.steps)
 
 
+def test_stages_refuse_a_model_scaled_otherwise(tmp_path):
+    """A Granite (attention_multiplier in place of 1/sqrt(d)) under questprof's stages: one
+    line, exit 2, before any request runs (the in-place engine checks the same at its call,
+    tests/test_serving_inplace.py)."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "architectures": ["GraniteForCausalLM"],
+                                "model_type": "granite", "attention_multiplier": 0.02}))
+    result = run("serve", "--model", path, "--mix", "uniform", "--lengths", "20..40",
+                 "--requests", 2, "--output", 3, "--dense-layers", 1, "--engine", "kernels",
+                 "--out", tmp_path / "o")
+    assert result.exit_code == 2, result.output
+    assert "scale scores by 1/sqrt" in result.stderr and "Traceback" not in result.output
+
+
 def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path):
     """--engine inplace where the loop gathers keys before attention (5.24): one line, exit 2."""
     from questprof.serving.inplace import CACHE_LOOP

@@ -30,6 +30,7 @@ class Cache:
                             for _ in range(2)]
         self.layer_index_to_group_indices = {0: (0, 0), 1: (0, 1)}
         self.sliding_windows = {0: 1, 1: 1}
+        self.block_size = SIZE
 
 
 class Module:

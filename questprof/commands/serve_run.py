@@ -44,6 +44,18 @@ def check_fits(args: ServeArgs, policies, specs, layers: int) -> None:
                           f"pages of {args.page_size} tokens")
 
 
+def check_scaling(engine: str, model) -> None:
+    """ConfigError in one line where questprof's stages would decode (kernels, inplace) a model
+    whose attention scales scores otherwise than 1/sqrt(head dim), as they do."""
+    if engine not in ("kernels", "inplace"):
+        return
+    for module in model.modules():
+        scaling, d = getattr(module, "scaling", None), getattr(module, "head_dim", None)
+        if scaling is not None and d and abs(float(scaling) * d ** 0.5 - 1) > 1e-6:
+            raise ConfigError(f"--engine {engine}: questprof's stages scale scores by "
+                              f"1/sqrt({d}); this model's attention by {float(scaling):.6g}")
+
+
 def _settings(args: ServeArgs, concurrency: int, requests):
     """The loop's settings: with no --num-blocks, cache pages for every request at once; with
     no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK (transformers
@@ -125,6 +137,7 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     engine, engine_name = decode_engine(args.engine, log)
     loaded = load_serving_model(args.model, args.seed)
     check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
+    check_scaling(args.engine, loaded.model)
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
             "serve": {k: str(v) for k, v in asdict(args).items()},

@@ -13,8 +13,10 @@ and the sparse ones (`attention`, `quest`: estimate -> top-K -> attention, PDL-c
 GPU) over CSR tables of their pages; the min/max summaries live beside the cache, one
 [blocks + 2, Hkv, 2, d] array per layer in the cache's dtype, folded by the `summary` kernel
 over the slots written (a run that starts at slot 0 re-initialises its page, so a freed and
-reused block starts afresh). Tables and the summary plan are built once per forward (at layer
-0: one host sync for the sequence lengths and write slots) and reused by every layer.
+reused block starts afresh). Tables and the summary plan are built once per forward (one host
+sync for the sequence lengths and write slots; a forward is known by its write_index list, which
+the loop builds once per forward and hands every layer) and reused by every layer. Everything
+the backend does runs on torch's current stream (5.17 runs the forward on a stream of its own).
 
 5.24's loop gathers each request's keys before attention and keeps every layer's pages
 interleaved in one tensor, so it cannot be read this way; `check_loop` says so in one line.
@@ -24,6 +26,7 @@ three stages one by one for that (the other layers' Quest is one chained call).
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -102,6 +105,7 @@ class Forward:
     summary plans of the tokens written (decode's, prefill's) and the decode tables by which of
     them select pages."""
 
+    key: object  # the forward's write_index list (one per forward, the same for every layer)
     spans: list
     decode: list[bool]
     plans: tuple
@@ -130,8 +134,10 @@ class InPlacePaged:
         t1 = self._now()
         if self.timer is not None:
             self.timer.add("cache", t1 - t0)
-        try:
-            return self._call(module, query, k_all, v_all, kc, vc, attention_mask, **kwargs)
+        try:  # every backend array and launch on torch's stream (5.17's forward has its own)
+            with self.bridge.stream():
+                return self._call(module, query, k_all, v_all, kc, vc, attention_mask,
+                                  **kwargs)
         finally:
             if self.timer is not None:
                 self.timer.add("attention_call", self._now() - t1)
@@ -148,6 +154,9 @@ class InPlacePaged:
         if getattr(cache, "sliding_windows", {}).get(module.layer_idx, 1) != 1:
             raise ConfigError("--engine inplace reads full-attention layers only; this model "
                               "has sliding-window layers")
+        if cache.block_size != self.policy.page_size:
+            raise ConfigError(f"--engine inplace: Quest pages of {self.policy.page_size} tokens "
+                              f"over cache blocks of {cache.block_size}")
         kc, vc = cache.key_cache[inner], cache.value_cache[inner]
         write = kwargs["write_index"][group]
         new_k, new_v = (x[0].transpose(0, 1) for x in (key, value))  # [n, Hkv, d]
@@ -159,10 +168,13 @@ class InPlacePaged:
     def _call(self, module, query, new_k, new_v, kc, vc, mask, **kwargs):
         layer, group = module.layer_idx, kwargs.pop("_group")
         read = kwargs["read_index"][group]
-        if layer == 0 or self.forward is None:
-            self.forward = self._plan(kwargs, group, kc.shape[0], int(query.shape[2]))
+        if self.forward is None or self.forward.key is not kwargs["write_index"]:
+            self.forward = self._plan(kwargs, group)
         f = self.forward
         size = self.policy.page_size
+        if not math.isclose(float(module.scaling), kc.shape[2] ** -0.5, rel_tol=1e-6):
+            raise ConfigError(f"--engine inplace: the stages scale scores by 1/sqrt(d); this "
+                              f"model by {float(module.scaling):.6g}")
         kv_heads, d = kc.shape[1], kc.shape[2]
         if layer not in self.summaries:
             self.summaries[layer] = self.backend.asarray(
@@ -186,7 +198,7 @@ class InPlacePaged:
             self._decode(module, out, query, pages, layer)
         return out, None
 
-    def _plan(self, kwargs, group: int, slots: int, tokens: int) -> Forward:
+    def _plan(self, kwargs, group: int) -> Forward:
         """This forward's spans, summary plans and decode page ids (see Forward)."""
         cu_q = kwargs["cu_seq_lens_q"].tolist()
         cu_k = _one(kwargs["cu_seq_lens_k"]).tolist()
@@ -206,7 +218,7 @@ class InPlacePaged:
         else:
             page_ids = None
         lengths = [k1 - k0 for (_, _, k0, k1), dec in zip(spans, decode) if dec]
-        return Forward(spans, decode, plans,
+        return Forward(kwargs["write_index"], spans, decode, plans,
                        None if page_ids is None else self.bridge.array(page_ids), lengths)
 
     def _on_backend(self, plan: AppendPlan | None) -> AppendPlan | None:
@@ -240,8 +252,7 @@ class InPlacePaged:
         if plan is None:
             return
         t0 = self._now() if part and self.timer is not None else None
-        with self.bridge.stream():
-            self.backend.summary(pages, plan)
+        self.backend.summary(pages, plan)
         if t0 is not None:
             self.timer.add(part, self._now() - t0)
 
@@ -274,8 +285,7 @@ class InPlacePaged:
                 continue
             kv, at = self._tables(pages, which, [rows[i] for i in which], query.device)
             q = self.bridge.array(query[0].index_select(1, at).transpose(0, 1))
-            with self.bridge.stream():
-                got, read = self._run(q, kv, want, last)
+            got, read = self._run(q, kv, want, last)
             out[0].index_copy_(0, at, self.bridge.tensor(got, query))
             for j, i in enumerate(which):
                 reads[i] = read[j] if read else 0.0
