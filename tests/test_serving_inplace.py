@@ -94,11 +94,15 @@ class Loop:
                 "write_index": [as_t(write)], "read_index": [as_t(read)]}
 
 
-def _drive(backend, dtype, device, layers=range(LAYERS)):
+QUEST = Policy("quest", SIZE, 2 * SIZE, dense_layers=1)
+# request 0 (34-39 tokens at its decodes) over the crossover, 1, 2 and 3 (8-26) under it
+HYBRID = Policy("hybrid", SIZE, 2 * SIZE, dense_layers=1, crossover=4 * SIZE - 2)
+
+
+def _drive(backend, dtype, device, layers=range(LAYERS), policy=QUEST):
     """Both attention functions over the same calls, each forward through `layers`; (their
     outputs per call and layer, both)."""
     gen = torch.Generator().manual_seed(7)
-    policy = Policy("quest", SIZE, 2 * SIZE, dense_layers=1)
     host = QuestPaged(policy, base=causal)
     inplace = InPlacePaged(policy, backend, base=causal)
     caches = {id(host): Cache(dtype, device), id(inplace): Cache(dtype, device)}
@@ -123,10 +127,10 @@ def _drive(backend, dtype, device, layers=range(LAYERS)):
     return outs, host, inplace
 
 
-def _check(backend, dtype, device, tol, layers=range(LAYERS)):
+def _check(backend, dtype, device, tol, layers=range(LAYERS), policy=QUEST):
     """tol: the host decode's logits are rounded to the cache dtype before the softmax (torch
     matmul in fp16 / bf16), the stages' are float32, so the two differ by that rounding."""
-    outs, host, inplace = _drive(backend, dtype, device, layers)
+    outs, host, inplace = _drive(backend, dtype, device, layers, policy)
     for want, got in outs:
         want, got = want.float().cpu(), got.float().cpu()
         assert torch.isfinite(got).all()
@@ -142,12 +146,14 @@ def _check(backend, dtype, device, tol, layers=range(LAYERS)):
     np.testing.assert_allclose(ours[used], box[used], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layers", [range(LAYERS), [1]])
-def test_inplace_on_the_reference_is_the_host_decode(layers):
+@pytest.mark.parametrize("layers,policy", [(range(LAYERS), QUEST), ([1], QUEST),
+                                           (range(LAYERS), HYBRID)])
+def test_inplace_on_the_reference_is_the_host_decode(layers, policy):
     """Every layer per forward, and only the last (a forward is known by its own write_index,
-    not by layer 0 coming first)."""
+    not by layer 0 coming first); hybrid: Quest for the requests over the crossover, dense for
+    the others in the same forward (two calls, their rows apart)."""
     from questprof.backends.numpy import NumpyBackend
-    _check(NumpyBackend(), torch.float16, "cpu", 5e-3, layers)
+    _check(NumpyBackend(), torch.float16, "cpu", 5e-3, layers, policy)
 
 
 @pytest.mark.parametrize("what,said", [("scaling", "1/sqrt(d)"), ("block", "cache blocks")])
