@@ -71,7 +71,9 @@ def _settings(args: ServeArgs, concurrency: int, requests):
 def _shape_fields(log) -> dict:
     """The decode steps' ragged shapes: how many, and per step the mean and largest count of
     requests, active pages and pages read."""
-    steps = log.steps
+    nan = float("nan")  # without our attention (transformers' own) only the clock saw them
+    steps = log.steps or [{"requests": p["decode_requests"], "active_pages": nan,
+                           "pages_read": nan} for p in log.parts if p["decode_requests"]]
     out = {"steps": len(steps), "selections": log.selections}
     for key in ("requests", "active_pages", "pages_read"):
         values = np.array([s[key] for s in steps], dtype=float)

@@ -14,13 +14,14 @@ from questprof.report.html import figure, table
 
 RUN, REQUEST = "serve", "serve-request"
 LEDE = ("A request mix served by transformers' continuous batching with questprof's decode "
-        "attention, once per policy (dense; quest: Quest's selection in every layer past the "
+        "attention (engine transformers: its own, the baseline), once per policy (dense; quest: Quest's selection in every layer past the "
         "dense ones; hybrid: Quest only for requests longer than the sweep's crossover) and "
         "concurrency (requests per batch). Output lengths are forced, so every policy does the "
         "same work. Per-token latency is the gap between consecutive tokens of a request; "
         "TTFT from a request's arrival to its first token. The table's last columns are the "
         "decode steps' ragged shapes: requests, their pages and the pages read, per step.")
-COLUMNS = {"policy": "policy", "concurrency": "concurrency", "requests": "requests",
+COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurrency",
+           "requests": "requests",
            "token_p50_ms": "per token p50 ms", "token_p95_ms": "p95 ms",
            "token_p99_ms": "p99 ms", "ttft_p50_ms": "TTFT p50 ms", "ttft_p95_ms": "TTFT p95 ms",
            "tokens_per_s": "tokens/s", "steps": "decode steps",
@@ -34,8 +35,9 @@ STEP_LEDE = ("Where a decode step's time goes (steps with at least one decode re
              "rest of the model, and the Python between forwards, as shares of the steps' time. "
              "Amdahl: the limit 1 / (1 - attention share); beside dense at the same concurrency, "
              "the step speedup predicted from dense's attention share and the measured speedup "
-             "of the attention part, and the step speedup measured.")
-STEP_COLUMNS = {"policy": "policy", "concurrency": "concurrency",
+                      "of the attention part, and the step speedup measured. Under transformers' own "
+             "attention its time is inside the rest of the model (attention left blank).")
+STEP_COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurrency",
                 "step_ms_mean": "decode step ms", "attention_share": "attention",
                 "cache_share": "cache reads/writes", "prefill_share": "prefill chunks",
                 "model_rest_share": "rest of the model", "python_share": "Python between",
@@ -115,21 +117,23 @@ def amdahl(runs: pd.DataFrame) -> pd.DataFrame:
 
 def step_section(runs: pd.DataFrame) -> str:
     """The table of where a decode step's time goes, per run ('' for runs without it)."""
-    runs = runs.dropna(subset=["attention_share"]) if "attention_share" in runs else runs[:0]
+    runs = runs.dropna(subset=["step_ms_mean"]) if "step_ms_mean" in runs else runs[:0]
     if runs.empty:
         return ""
     shown = amdahl(runs).sort_values(["policy", "concurrency"])
-    for col in tuple(STEP_COLUMNS)[2:]:
+    if "engine" not in shown:  # rows from before the engine column
+        shown["engine"] = ""
+    for col in tuple(STEP_COLUMNS)[3:]:
         shown[col] = shown[col].map(lambda v: f"{v:.3g}" if pd.notna(v) else "")
     return f"<p>{STEP_LEDE}</p>" + table(shown, STEP_COLUMNS, "serving-steps",
-                                          numeric=tuple(STEP_COLUMNS)[1:])
+                                          numeric=tuple(STEP_COLUMNS)[2:])
 
 
 def section(df: pd.DataFrame) -> str:
     """The tables, the latency CDF and throughput against concurrency."""
     runs = df[df["stage"] == RUN]
     requests = df[(df["stage"] == REQUEST) & df["token_ms"].notna()]
-    html = table(_shown(runs), COLUMNS, "serving", numeric=tuple(COLUMNS)[1:])
+    html = table(_shown(runs), COLUMNS, "serving", numeric=tuple(COLUMNS)[2:])
     html += step_section(runs)
     if len(requests):
         html += figure(cdf_figure(requests), "serving-cdf")

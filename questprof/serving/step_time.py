@@ -43,6 +43,7 @@ class Forward:
     prefill_tokens: int = 0  # tokens of prefill chunks
     seconds: dict = field(default_factory=lambda: {"attention_call": 0.0, "base": 0.0,
                                                    "cache": 0.0})
+    ours: bool = False  # questprof's attention ran (and was timed) in this forward
 
 
 class StepClock:
@@ -59,6 +60,7 @@ class StepClock:
     def add(self, part: str, seconds: float) -> None:
         if self.forwards:
             self.forwards[-1].seconds[part] += seconds
+            self.forwards[-1].ours |= part == "attention_call"
 
     def batch(self, decode: int, prefill_tokens: int) -> None:
         """The current forward's requests: decodes and prefill tokens (from layer 0)."""
@@ -125,7 +127,10 @@ def split(f: Forward, next_start: float | None) -> dict:
     rest = max(forward - s["attention_call"] - s["cache"], 0.0)
     tokens = f.decode + f.prefill_tokens
     share = rest * f.prefill_tokens / tokens if tokens else 0.0
-    ms = {"attention": ours, "cache": s["cache"], "prefill": base + share,
+    # a forward without our attention (transformers' own, serve --engine transformers) has its
+    # attention inside the rest of the model: not measured apart, so not a share of 0
+    ms = {"attention": ours if f.ours else float("nan"), "cache": s["cache"],
+          "prefill": base + share,
           "model_rest": rest - share, "python": max(step - forward, 0.0)}
     return {**{f"{k}_ms": v * 1e3 for k, v in ms.items()}, "step_ms": step * 1e3,
             "forward_ms": forward * 1e3, "decode_requests": f.decode,
