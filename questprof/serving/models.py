@@ -37,7 +37,8 @@ def _from_config(path: Path, seed: int) -> LoadedModel:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"model {path} cannot be loaded by transformers: {first}") from None
     context = int(getattr(config, "max_position_embeddings", 0) or 0)
-    return LoadedModel(model.eval(), None, f"random:{path.parent.name or path.stem}",
+    name = path.parent.name if path.name == "config.json" else path.stem  # a folder's, or its own
+    return LoadedModel(model.eval(), None, f"random:{name or path.stem}",
                        context)
 
 
