@@ -96,13 +96,14 @@ def main() -> None:
         layer(0)  # the forward's tables and both layers' summaries; then every page's
         layer(1)  # summary, as a prefill leaves them
         for i in (0, 1):
-            kv = attention._pages(cache.key_cache[i], cache.value_cache[i], i)
+            kv = attention._pages(Module(i), cache.key_cache[i], cache.value_cache[i])
             every = np.arange(batch * pages, dtype=np.int32)
             backend.summary(kv, AppendPlan(every, np.zeros_like(every),
                                            np.full_like(every, SIZE)))
         calls = [_per_call_us(lambda: layer(i), args.repeats, torch) for i in (0, 1)]
-        kv, _ = attention._tables(attention._pages(cache.key_cache[1], cache.value_cache[1], 1),
-                                  list(range(batch)), list(range(batch)), q.device)
+        kv, _ = attention._tables(
+            attention._pages(Module(1), cache.key_cache[1], cache.value_cache[1]),
+            list(range(batch)), list(range(batch)), q.device)
         qc = attention.bridge.array(q[0].transpose(0, 1))
         steps = {"quest": lambda: backend.quest(qc, kv, BUDGET // SIZE, "per-head"),
                  "dense": lambda: backend.attention(qc, kv)}

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from questprof.core.config import ConfigError
-from questprof.core.layout import AppendPlan, PagedKV
-from questprof.core.selection import union_pages
+from questprof.core.layout import AppendPlan, PagedKV, page_tables, pages_for, storage_dtype
 from questprof.serving.paged_attention import Policy, StepLog, _is_decode, _one, loop_name
+from questprof.serving.stages_decode import dense_reads, sparse_reads
 
 CACHE_LOOP = "paged|sdpa"  # the loop name whose calls bring the cache (transformers 5.17)
 TORCH_TAGS = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}  # caches the kernels read NHD
@@ -171,17 +171,8 @@ class InPlacePaged:
         if self.forward is None or self.forward.key is not kwargs["write_index"]:
             self.forward = self._plan(kwargs, group)
         f = self.forward
-        size = self.policy.page_size
-        if not math.isclose(float(module.scaling), kc.shape[2] ** -0.5, rel_tol=1e-6):
-            raise ConfigError(f"--engine inplace: the stages scale scores by 1/sqrt(d); this "
-                              f"model by {float(module.scaling):.6g}")
-        kv_heads, d = kc.shape[1], kc.shape[2]
-        if layer not in self.summaries:
-            self.summaries[layer] = self.backend.asarray(
-                np.zeros((kc.shape[0] // size, kv_heads, 2, d), np.uint16 if
-                         str(kc.dtype) == "torch.bfloat16" else np.float16))
         out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
-        pages = self._pages(kc, vc, layer)
+        pages = self._pages(module, kc, vc)
         sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
         if sparse:
             self._summarise(pages, f.plans[0], None)
@@ -229,21 +220,26 @@ class InPlacePaged:
         b = self.backend
         return AppendPlan(b.asarray(plan.page_ids), b.asarray(plan.first), b.asarray(plan.end))
 
-    def _pages(self, kc, vc, layer: int) -> PagedKV:
-        """The layer's cache as an NHD PagedKV with the tables of no request (the summary's;
-        decode subsets get theirs in _tables), made once per layer and cache tensor."""
-        key = (layer, kc.data_ptr(), vc.data_ptr())
+    def _pages(self, module, kc, vc) -> PagedKV:
+        """The layer's cache as an NHD PagedKV, with its summaries and the tables of no request
+        (the summary's; decode subsets get theirs in _tables); made, and the layer checked,
+        once per layer and cache tensor."""
+        key = (module.layer_idx, kc.data_ptr(), vc.data_ptr())
         if key not in self.views:
-            size = self.policy.page_size
+            size, (slots, kv_heads, d) = self.policy.page_size, kc.shape
             dtype = TORCH_TAGS.get(str(kc.dtype))
             if dtype is None:
                 raise ConfigError(f"--engine inplace reads fp16 and bf16 caches; this one is "
                                   f"{kc.dtype}")
-            k, v = (self.bridge.array(x.view(-1, size, x.shape[1], x.shape[2]))
-                    for x in (kc, vc))
+            if not math.isclose(float(module.scaling), d ** -0.5, rel_tol=1e-6):
+                raise ConfigError(f"--engine inplace: the stages scale scores by 1/sqrt(d); "
+                                  f"this model by {float(module.scaling):.6g}")
+            summary = self.summaries.setdefault(module.layer_idx, self.backend.asarray(
+                np.zeros((slots // size, kv_heads, 2, d), storage_dtype(dtype))))
+            k, v = (self.bridge.array(x.view(-1, size, kv_heads, d)) for x in (kc, vc))
             none = self.backend.asarray(np.zeros(1, np.int32))
-            self.views[key] = PagedKV(k, v, self.summaries[layer], none, none[:0], none[:0],
-                                      (), size, dtype, layout="NHD")
+            self.views[key] = PagedKV(k, v, summary, none, none[:0], none[:0], (), size, dtype,
+                                      layout="NHD")
         return self.views[key]
 
     def _summarise(self, pages: PagedKV, plan: AppendPlan | None, part: str | None) -> None:
@@ -291,44 +287,34 @@ class InPlacePaged:
                 reads[i] = read[j] if read else 0.0
         self.log.selections += sum(sparse)
         if last:
-            self.log.add(len(rows), sum(-(-n // self.policy.page_size) for n in f.lengths),
+            self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
                          sum(reads))
 
     def _tables(self, pages: PagedKV, which: list[int], rows: list[int], device):
         """(pages with the CSR tables of the decode requests `which`, their query rows as a
         torch index on `device`), made once per forward."""
-        f, size = self.forward, self.policy.page_size
+        f, size, b = self.forward, self.policy.page_size, self.backend
         key = tuple(which)
         if key not in f.tables:
-            counts = [-(-n // size) for n in f.lengths]
-            starts = np.concatenate([[0], np.cumsum(counts)])
+            starts = np.concatenate([[0], np.cumsum([pages_for(n, size) for n in f.lengths])])
             pick = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in which])
-            b = self.backend
             ids = f.pages if len(which) == len(f.lengths) else f.pages[b.asarray(pick)]
-            lens = [f.lengths[i] for i in which]
-            f.tables[key] = (b.asarray(np.concatenate([[0], np.cumsum([counts[i] for i in which])])
-                                       .astype(np.int32)), ids,
-                             b.asarray(np.array([n - (-(-n // size) - 1) * size for n in lens],
-                                                np.int32)), tuple(lens), _index(rows, device))
+            lens = tuple(f.lengths[i] for i in which)
+            indptr, _, last = page_tables(lens, size, len(pick))
+            f.tables[key] = (b.asarray(indptr), ids, b.asarray(last), lens, _index(rows, device))
         indptr, ids, last, lens, at = f.tables[key]
         return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, size,
                        pages.dtype, layout="NHD"), at
 
     def _run(self, q, kv: PagedKV, sparse: bool, last: bool):
-        """(out [B, Hq, d], pages read per request, or [] where not counted)."""
-        b = self.backend
-        if not sparse:
-            out, _ = b.attention(q, kv)
-            return out, ([float(-(-n // kv.page_size)) for n in kv.lengths] if last else [])
-        if not last:
-            out, _ = b.quest(q, kv, self.policy.k_pages, "per-head")
-            return out, []
-        scores = b.estimate(q, kv, "per-head")
-        sel, count = b.topk(scores, kv, self.policy.k_pages)
-        out, _ = b.attention(q, kv, sel, count)
-        chosen, count = np.asarray(b.to_host(sel)), np.asarray(b.to_host(count))
-        group = chosen.shape[0] // kv.kv_heads
-        return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
+        """(out [B, Hq, d], pages read per request, or [] where not counted: the last layer
+        counts them, stage by stage as StagesDecode does, the others run Quest chained)."""
+        if last:
+            return (sparse_reads(self.backend, q, kv, self.policy.k_pages) if sparse
+                    else dense_reads(self.backend, q, kv))
+        if sparse:
+            return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0], []
+        return self.backend.attention(q, kv)[0], []
 
 
 def _index(rows: list[int], device):

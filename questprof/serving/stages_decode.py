@@ -80,29 +80,30 @@ class StagesDecode:
         kv = self.backend.put(head_major(items, page_size, dtype))
         q = np.stack([i.q.float().cpu().numpy() for i in items])
         q = self.backend.asarray(to_storage(q, dtype))
-        out, reads = self._sparse(q, kv, k_pages) if sparse else self._dense(q, kv)
+        out, reads = (sparse_reads(self.backend, q, kv, k_pages) if sparse
+                      else dense_reads(self.backend, q, kv))
         host = self.backend.to_host(out)
         values = host.astype(np.float32) if dtype != "bf16" else \
             (host.astype(np.uint32) << 16).view(np.float32)
         return [(torch.as_tensor(values[j], dtype=q0.dtype, device=q0.device), read)
                 for j, read in enumerate(reads)]
 
-    def _dense(self, q, kv: PagedKV):
-        """(out, pages read per request): every page."""
-        out, _ = self.backend.attention(q, kv)
-        pages = np.diff(kv.kv_indptr if isinstance(kv.kv_indptr, np.ndarray)
-                        else self.backend.to_host(kv.kv_indptr))
-        return out, [float(p) for p in pages]
 
-    def _sparse(self, q, kv: PagedKV, k_pages: int):
-        """(out, pages read per request): the stages one by one, so each request's read is the
-        mean over KV heads of the union of its q heads' pages, as HostDecode counts it (not K:
-        per-head q heads choose apart). backend.quest composes the same three, but on a GPU it
-        chains them by PDL, and here the selection also comes back to the host: this engine's
-        step is not the bench's Quest step (its copy through the host already was not)."""
-        scores = self.backend.estimate(q, kv, "per-head")
-        sel, count = self.backend.topk(scores, kv, k_pages)
-        out, _ = self.backend.attention(q, kv, sel, count)
-        chosen = np.asarray(self.backend.to_host(sel))  # [Hq, B, K], -1 past a short request
-        count, group = np.asarray(self.backend.to_host(count)), chosen.shape[0] // kv.kv_heads
-        return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
+def dense_reads(backend, q, kv: PagedKV):
+    """(dense attention's out, pages read per request): every page."""
+    out, _ = backend.attention(q, kv)
+    return out, [float(p) for p in kv.pages()]
+
+
+def sparse_reads(backend, q, kv: PagedKV, k_pages: int):
+    """(Quest's out, pages read per request): the stages one by one, so each request's read is
+    the mean over KV heads of the union of its q heads' pages, as HostDecode counts it (not K:
+    per-head q heads choose apart). backend.quest composes the same three, but on a GPU it
+    chains them by PDL, and here the selection also comes back to the host: not the bench's
+    Quest step."""
+    scores = backend.estimate(q, kv, "per-head")
+    sel, count = backend.topk(scores, kv, k_pages)
+    out, _ = backend.attention(q, kv, sel, count)
+    chosen = np.asarray(backend.to_host(sel))  # [Hq, B, K], -1 past a short request
+    count, group = np.asarray(backend.to_host(count)), chosen.shape[0] // kv.kv_heads
+    return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
