@@ -57,6 +57,9 @@ def policies(args: ServeArgs) -> list[Policy]:
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not names or set(names) - set(POLICIES):
         raise ConfigError(f"bad --policy {args.policy!r}: expected some of {', '.join(POLICIES)}")
+    if args.engine == "transformers" and set(names) != {"dense"}:
+        raise ConfigError("--engine transformers runs transformers' own attention, which is "
+                          "dense: use --policy dense (Quest needs host, kernels or inplace)")
     out = []
     for name in dict.fromkeys(names):
         cross = crossover_from(args.sweep, args.page_size, args.budget) if name == "hybrid" \

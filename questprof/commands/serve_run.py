@@ -32,9 +32,6 @@ def check_fits(args: ServeArgs, policies, specs, layers: int) -> None:
     """ConfigError in one line, before any run: a Quest policy whose dense layers take every
     layer (it would select nothing and still say quest), or cache pages too few for the longest
     request (transformers stops with a RuntimeError)."""
-    if args.engine == "transformers" and any(p.name != "dense" for p in policies):
-        raise ConfigError("--engine transformers runs transformers' own attention, which is "
-                          "dense: use --policy dense (Quest needs host, kernels or inplace)")
     if any(p.name != "dense" for p in policies) and args.dense_layers >= layers:
         raise ConfigError(f"--dense-layers {args.dense_layers}: the model has {layers} layers, so "
                           "Quest would select in none; lower it below the layer count")
