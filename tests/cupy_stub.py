@@ -3,6 +3,7 @@ without a GPU: arrays are NumPy's, kernels record their launches instead of runn
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -53,6 +54,13 @@ def make() -> types.ModuleType:
         def synchronize(self):
             pass
 
+    class MemoryPool:
+        def malloc(self, size):
+            raise AssertionError("the stub's arrays are NumPy's")
+
     cupy.RawModule = RawModule
-    cupy.cuda = types.SimpleNamespace(Device=Device, get_current_stream=Stream)
+    cupy.get_default_memory_pool = MemoryPool
+    cupy.cuda = types.SimpleNamespace(Device=Device, get_current_stream=Stream,
+                                      MemoryPool=MemoryPool,
+                                      using_allocator=lambda _: contextlib.nullcontext())
     return cupy

@@ -7,18 +7,23 @@ GPU; outputs, summaries and the pages read must agree."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import dataclasses
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from questprof.backends.params import address
 from questprof.core.config import ConfigError
 from questprof.core.layout import from_storage
 from questprof.serving.inplace import TORCH_TAGS as TAGS
 from questprof.serving.inplace import InPlacePaged, check_loop
 from questprof.serving.paged_attention import Policy, QuestPaged
 
-SIZE, KV_HEADS, Q_HEADS, D, LAYERS, BLOCKS = 8, 2, 4, 64, 2, 24
+SIZE, KV_HEADS, Q_HEADS, D, LAYERS, BLOCKS = 8, 2, 4, 64, 4, 24
 
 
 class Cache:
@@ -139,21 +144,88 @@ def _check(backend, dtype, device, tol, layers=range(LAYERS), policy=QUEST):
     assert [s["active_pages"] for s in inplace.log.steps] == \
         [s["active_pages"] for s in host.log.steps]
     assert inplace.log.selections == host.log.selections > 0
-    # the summaries beside the cache are the host's min/max of the pages in use
-    box = host.summaries[1].box
-    ours = from_storage(backend.to_host(inplace.summaries[1]), TAGS[str(dtype)])
-    used = [b for b in range(box.shape[0]) if np.isfinite(box[b]).all()]
-    np.testing.assert_allclose(ours[used], box[used], rtol=0, atol=0)
+    # the summaries beside the cache are the host's min/max of the pages in use, every layer's
+    for layer in (x for x in layers if x >= policy.dense_layers):
+        box = host.summaries[layer].box
+        ours = from_storage(backend.to_host(inplace.summaries[layer]), TAGS[str(dtype)])
+        used = [b for b in range(box.shape[0]) if np.isfinite(box[b]).all()]
+        np.testing.assert_allclose(ours[used], box[used], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layers,policy", [(range(LAYERS), QUEST), ([1], QUEST),
+class Replaying:
+    """NumPy's stages behind a GPU backend's recording protocol (backends/replay.py), to hold
+    InPlacePaged's use of it on a CPU: a replay runs the recorded calls again over the arrays at
+    the moved addresses (views made from the bare addresses, as a kernel is handed them) and
+    writes into the recorded outputs; its query is the recorded one, refilled by the caller."""
+
+    def __init__(self):
+        from questprof.backends.numpy import NumpyBackend
+        self.inner, self.kept, self.replays = NumpyBackend(), None, 0
+        self.name, self.is_gpu = "numpy", False
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    @contextlib.contextmanager
+    def recording(self):
+        self.kept = []
+        try:
+            yield self.kept
+        finally:
+            self.kept = None
+
+    def _call(self, name, *args):
+        got = getattr(self.inner, name)(*args)
+        if self.kept is not None:
+            self.kept.append((name, args, got))
+        return got
+
+    def summary(self, kv, plan):
+        return self._call("summary", kv, plan)
+
+    def quest(self, q, kv, k_pages, mode="per-head"):
+        return self._call("quest", q, kv, k_pages, mode)
+
+    def attention(self, q, kv, sel=None, count=None):
+        return self._call("attention", q, kv, sel, count)
+
+    def replay(self, kept, moved):
+        for name in moved:  # as a GPU replay refuses a pointer no launch reads
+            assert any(address(getattr(args[1] if n != "summary" else args[0], name)) ==
+                       moved[name] for n, args, _ in kept)
+
+        def run(**addresses):
+            self.replays += 1
+            for name, args, got in kept:
+                at = 0 if name == "summary" else 1
+                kv = dataclasses.replace(args[at], **{
+                    n: _at(addresses[n], getattr(args[at], n)) for n in moved})
+                again = getattr(self.inner, name)(*args[:at], kv, *args[at + 1:])
+                if got is not None:
+                    np.copyto(got[0], again[0])
+        return run
+
+
+def _at(addr: int, like: np.ndarray) -> np.ndarray:
+    """The array of `like`'s dtype and shape at address `addr` (a view, no copy)."""
+    buf = (ctypes.c_char * like.nbytes).from_address(addr)
+    return np.frombuffer(buf, dtype=like.dtype).reshape(like.shape)
+
+
+@pytest.mark.parametrize("layers,policy", [(range(LAYERS), QUEST), ([2, 3], QUEST),
                                            (range(LAYERS), HYBRID)])
-def test_inplace_on_the_reference_is_the_host_decode(layers, policy):
-    """Every layer per forward, and only the last (a forward is known by its own write_index,
-    not by layer 0 coming first); hybrid: Quest for the requests over the crossover, dense for
-    the others in the same forward (two calls, their rows apart)."""
+@pytest.mark.parametrize("records", [False, True])
+def test_inplace_on_the_reference_is_the_host_decode(layers, policy, records):
+    """Every layer per forward, and layers 2 and 3 only (a forward is known by its own
+    write_index, not by layer 0 coming first); hybrid: Quest for the requests over the
+    crossover, dense for the others in the same forward (two calls, their rows apart). Where the
+    backend records (a GPU's, here NumPy's behind that protocol), layers after a forward's
+    first make its launches again over their own cache, summaries and query rows."""
     from questprof.backends.numpy import NumpyBackend
-    _check(NumpyBackend(), torch.float16, "cpu", 5e-3, layers, policy)
+    backend = Replaying() if records else NumpyBackend()
+    _check(backend, torch.float16, "cpu", 5e-3, layers, policy)
+    if records:
+        assert backend.replays > 0
 
 
 @pytest.mark.parametrize("what,said", [("scaling", "1/sqrt(d)"), ("block", "cache blocks")])

@@ -12,15 +12,17 @@ top-K and attention with programmatic dependent launch (backends/pdl.py) where i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import cupy
 import numpy as np
 
 from questprof import KERNELS_DIR
-from questprof.backends import constants, params, variants
+from questprof.backends import constants, params, pdl, variants
 from questprof.backends.launch_args import NO_RULE, TopkRule, attention_rows, check_call, check_kv
 from questprof.backends.pdl import Launcher, PlainLaunch
+from questprof.backends.replay import Called, Recorder, Replay
 from questprof.core.fp8 import E4M3
 from questprof.core.layout import AppendPlan, PagedKV
 from questprof.core.stages import MODES
@@ -75,7 +77,7 @@ def _device_int32(x):
     return x if isinstance(x, cupy.ndarray) else cupy.asarray(np.asarray(x, dtype=np.int32))
 
 
-def summary(kv: PagedKV, plan: AppendPlan) -> None:
+def summary(kv: PagedKV, plan: AppendPlan, launch=_plain) -> None:
     """Apply `plan` to kv.summary [N, Hkv, 2, d] in place (slots [first, end) of each page)."""
     _, kv_tag, summary_tag = check_kv(kv)
     if len(plan) == 0:
@@ -84,11 +86,11 @@ def summary(kv: PagedKV, plan: AppendPlan) -> None:
         first, end = np.asarray(plan.first), np.asarray(plan.end)
         if (first < 0).any() or (end > kv.page_size).any() or (first >= end).any():
             raise ValueError(f"plan slots must satisfy 0 <= first < end <= {kv.page_size}")
-    run_summary(kv, kv.summary, (kv_tag, summary_tag), plan)
+    run_summary(kv, kv.summary, (kv_tag, summary_tag), plan, launch=launch)
 
 
 def run_summary(kv: PagedKV, summ, tags: tuple[str, str], plan: AppendPlan, summ_scale=None,
-                boxes: int = 1) -> None:
+                boxes: int = 1, launch=_plain) -> None:
     """summary.cu over `plan` into summ (storage tag tags[1] of cache tag tags[0]); the caller
     has checked kv and the plan (summary above, cupy_selectors.summary)."""
     page_ids, first, end = (_device_int32(x) for x in (plan.page_ids, plan.first, plan.end))
@@ -97,7 +99,7 @@ def run_summary(kv: PagedKV, summ, tags: tuple[str, str], plan: AppendPlan, summ
     nhd = str(kv.layout == "NHD").lower()  # token-major pages, read in place
     kernel = load_kernel("summary",
                          f"summary_kernel<{tags[0]}, {tags[1]}, {kv.head_dim}, {boxes}, {nhd}>")
-    _plain(kernel, (len(plan),), (SUM_THREADS,), (p,))
+    launch(kernel, (len(plan),), (SUM_THREADS,), (p,), stage="summary")
 
 
 def run_estimate(q, kv: PagedKV, cache, summ, tags: tuple[str, str], mode: str, group: int,
@@ -238,8 +240,9 @@ def _counts(name: str, size: int) -> cupy.ndarray:
     at zero by every launch, so launches on one stream share them (concurrent streams would
     not)."""
     key = (cupy.cuda.Device().id, name)
-    if key not in _COUNTS or _COUNTS[key].size < size:
-        _COUNTS[key] = cupy.zeros(max(size, 1 << 16), dtype=cupy.int32)
+    if key not in _COUNTS or _COUNTS[key].size < size:  # from the default pool, not a recording's
+        with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc):
+            _COUNTS[key] = cupy.zeros(max(size, 1 << 16), dtype=cupy.int32)
     return _COUNTS[key]
 
 
@@ -257,6 +260,8 @@ class CupyBackend:
     def __init__(self, pdl: bool = True) -> None:
         self.fallback_reason: str | None = None
         self._launch = Launcher(enabled=pdl, early=QUEST_EARLY_RELEASE)
+        self._plain = _plain  # the single stages' launcher (a Recorder while recording)
+        self._pool = None  # the recordings' memory pool (backends/replay.py)
         _counts("splits_done", 1)  # now, not inside a CUDA-graph capture
 
     @property
@@ -282,17 +287,45 @@ class CupyBackend:
         cupy.cuda.get_current_stream().synchronize()
 
     def summary(self, kv: PagedKV, plan: AppendPlan) -> None:
-        summary(kv, plan)
+        summary(kv, plan, launch=self._plain)
 
     def estimate(self, q, kv: PagedKV, mode: str = "per-head"):
-        return estimate(q, kv, mode)
+        return estimate(q, kv, mode, launch=self._plain)
 
     def topk(self, scores, kv: PagedKV, k_pages: int, sinks: int = 0, window: int = 0):
-        return topk(scores, kv, k_pages, sinks, window)
+        return topk(scores, kv, k_pages, sinks, window, launch=self._plain)
 
     def attention(self, q, kv: PagedKV, sel=None, count=None):
-        return attention(q, kv, sel, count)
+        return attention(q, kv, sel, count, launch=self._plain)
 
     def quest(self, q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0,
               window: int = 0):
         return quest(q, kv, k_pages, mode, sinks, window, launch=self._launch)
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Every launch of this backend inside the block runs and is kept (the list it yields,
+        in order), its temporaries from the recordings' own memory pool (backends/replay.py)."""
+        if self._pool is None:
+            self._pool = cupy.cuda.MemoryPool()
+        kept: list = []
+        saved = self._launch, self._plain
+        self._launch, self._plain = Recorder(self._launch, kept), Recorder(self._plain, kept)
+        try:
+            with cupy.cuda.using_allocator(self._pool.malloc):
+                yield kept
+        finally:
+            self._launch, self._plain = saved
+
+    def replay(self, launches: list, moved: dict[str, int]) -> Replay:
+        """`launches` (a recording's) made again with the pointers `moved` names moved."""
+        return Replay(launches, moved, _prepared)
+
+
+def _prepared(launch):
+    """One recorded launch ready to make again: through the driver (pdl.Prepared), or CuPy's
+    kernel call where cuda.bindings is missing."""
+    if pdl.driver_or_none() is None:
+        return Called(launch)
+    return pdl.Prepared(launch.kernel, launch.grid, launch.block, launch.args, launch.shared_mem,
+                        launch.pdl)

@@ -88,3 +88,16 @@ def paged_cache(kv: PagedKV) -> np.ndarray:
 def scale_log2(head_dim: int) -> float:
     """Attention's scores in log2 units: log2(e) / sqrt(d)."""
     return math.log2(math.e) / math.sqrt(head_dim)
+
+
+def pointer_offsets(dtype: np.dtype, base: int = 0) -> list[tuple[int, str]]:
+    """(byte offset, name) of every pointer field of a struct of `dtype`, a nested struct's named
+    'cache.k'; a replay moves pointers at these offsets (backends/replay.py)."""
+    found = []
+    for name in dtype.names:
+        field, offset = dtype.fields[name][:2]
+        if field.names:
+            found += [(o, f"{name}.{n}") for o, n in pointer_offsets(field, base + offset)]
+        elif field == _P:
+            found.append((base + offset, name))
+    return found

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 
 import cupy
 import numpy as np
@@ -66,7 +67,7 @@ def _dim3(x) -> tuple[int, int, int]:
 
 
 @functools.cache
-def _driver_or_none():
+def driver_or_none():
     """cuda.bindings.driver, or None where it is missing (asked once per process)."""
     try:
         return _driver()
@@ -82,8 +83,12 @@ class PlainLaunch:
     def defines(self, stage: str) -> tuple[str, ...]:
         return ()
 
+    def uses_pdl(self, stage: str) -> bool:
+        """Whether `stage`'s next launch carries the PDL attribute."""
+        return False
+
     def __call__(self, kernel, grid, block, args, shared_mem: int = 0, stage: str = "") -> None:
-        if _driver_or_none() is None:
+        if driver_or_none() is None:
             kernel(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
             return
         error = _launch(kernel, grid, block, args, shared_mem, pdl=False)
@@ -114,6 +119,9 @@ class Launcher(PlainLaunch):
         """Preprocessor definitions of the kernel build this launcher runs for `stage`."""
         return () if self.reason is not None or stage in self.early else ("QP_EARLY_RELEASE=0",)
 
+    def uses_pdl(self, stage: str) -> bool:
+        return self.reason is None and stage in self.stages
+
     def __call__(self, kernel, grid, block, args, shared_mem: int = 0, stage: str = "") -> None:
         if self.reason is None and stage in self.stages:
             version = getattr(kernel, "ptx_version", 90) or 90
@@ -130,25 +138,47 @@ class Launcher(PlainLaunch):
 def _launch(kernel, grid, block, args, shared_mem: int, pdl: bool) -> str | None:
     """Launch through cuLaunchKernelEx, with the PDL attribute when `pdl`; the driver's refusal as
     text, None on success."""
-    driver = _driver()
-    values = [_arg(a) for a in args]
-    pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
-    config = driver.CUlaunchConfig()
-    config.gridDimX, config.gridDimY, config.gridDimZ = _dim3(grid)
-    config.blockDimX, config.blockDimY, config.blockDimZ = _dim3(block)
-    config.sharedMemBytes = int(shared_mem)
-    config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
-    if pdl:
-        attr = driver.CUlaunchAttribute()
-        attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
-        config.attrs = [attr]
-    config.numAttrs = 1 if pdl else 0
-    function = driver.CUfunction(kernel.kernel.ptr)
-    result = driver.cuLaunchKernelEx(config, function, ctypes.addressof(pointers), 0)
-    err = result[0] if isinstance(result, tuple) else result
-    if err == driver.CUresult.CUDA_SUCCESS:
-        return None
-    _, text = driver.cuGetErrorString(err)
-    text = text.decode() if isinstance(text, bytes) else str(text)
-    return f"the driver refused a {'PDL ' if pdl else ''}launch ({err.name}: {text})"
+    return Prepared(kernel, grid, block, args, shared_mem, pdl)()
+
+
+class Prepared:
+    """One launch built for the driver once (its config, function and argument buffers), made by
+    calling it, again and again; `move` rewrites a pointer in an argument in between (a replay,
+    backends/replay.py: a launch costs the driver call, not the objects built for it)."""
+
+    def __init__(self, kernel, grid, block, args, shared_mem: int, pdl: bool) -> None:
+        driver = self.driver = _driver()
+        self.values = [_arg(a) for a in args]
+        self.pointers = (ctypes.c_void_p * max(1, len(self.values)))(
+            *[ctypes.addressof(v) for v in self.values])
+        config = self.config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = _dim3(grid)
+        config.blockDimX, config.blockDimY, config.blockDimZ = _dim3(block)
+        config.sharedMemBytes = int(shared_mem)
+        if pdl:
+            attr = driver.CUlaunchAttribute()
+            attr.id = (driver.CUlaunchAttributeID
+                       .CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.attrs = [attr]
+        config.numAttrs = 1 if pdl else 0
+        self.pdl, self.stream = pdl, None
+        self.function = driver.CUfunction(kernel.kernel.ptr)
+
+    def move(self, arg: int, offset: int, address: int) -> None:
+        """The pointer at byte `offset` of argument `arg` becomes `address`."""
+        struct.pack_into("<Q", self.values[arg], offset, address)
+
+    def __call__(self) -> str | None:
+        """Launch on the current CuPy stream: the driver's refusal as text, None on success."""
+        driver, stream = self.driver, cupy.cuda.get_current_stream().ptr
+        if stream != self.stream:
+            self.config.hStream, self.stream = driver.CUstream(stream), stream
+        result = driver.cuLaunchKernelEx(self.config, self.function,
+                                         ctypes.addressof(self.pointers), 0)
+        err = result[0] if isinstance(result, tuple) else result
+        if err == driver.CUresult.CUDA_SUCCESS:
+            return None
+        _, text = driver.cuGetErrorString(err)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        return f"the driver refused a {'PDL ' if self.pdl else ''}launch ({err.name}: {text})"

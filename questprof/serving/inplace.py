@@ -15,8 +15,12 @@ GPU) over CSR tables of their pages; the min/max summaries live beside the cache
 over the slots written (a run that starts at slot 0 re-initialises its page, so a freed and
 reused block starts afresh). Tables and the summary plan are built once per forward (one host
 sync for the sequence lengths and write slots; a forward is known by its write_index list, which
-the loop builds once per forward and hands every layer) and reused by every layer. Everything
-the backend does runs on torch's current stream (5.17 runs the forward on a stream of its own).
+the loop builds once per forward and hands every layer) and reused by every layer. So are the
+launches: on a GPU the first layer's summary, Quest and dense launches are recorded and every
+other layer makes them again with its own K, V and summary pointers (backends/replay.py), its
+query rows copied into the recording's query buffer, its answer read from the recording's
+output. Everything the backend does runs on torch's current stream (5.17 runs the forward on a
+stream of its own).
 
 5.24's loop gathers each request's keys before attention and keeps every layer's pages
 interleaved in one tensor, so it cannot be read this way; `check_loop` says so in one line.
@@ -33,11 +37,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from questprof.backends.params import address
 from questprof.core.config import ConfigError
 from questprof.core.layout import AppendPlan, PagedKV, page_tables, pages_for, storage_dtype
 from questprof.serving.paged_attention import Policy, StepLog, _is_decode, _one, loop_name
 from questprof.serving.stages_decode import dense_reads, sparse_reads
 
+MOVED = ("k", "v", "summary")  # what one layer's launches read that another's do not
 CACHE_LOOP = "paged|sdpa"  # the loop name whose calls bring the cache (transformers 5.17)
 TORCH_TAGS = {"torch.float16": "fp16", "torch.bfloat16": "bf16"}  # caches the kernels read NHD
 
@@ -112,6 +118,18 @@ class Forward:
     pages: object  # backend int32 [sum of decode requests' pages]: their page ids in order
     lengths: list[int]
     tables: dict = field(default_factory=dict)
+    steps: dict = field(default_factory=dict)  # what the layers launch alike: see Step
+
+
+@dataclass
+class Step:
+    """Launches every layer of a forward makes alike, recorded at the first (backends/replay.py)
+    and made again at the others over their own cache and summaries: the replay, the torch
+    tensor its query rows are copied into (None where it reads none) and the one it answers in."""
+
+    replay: object
+    q: object
+    out: object
 
 
 class InPlacePaged:
@@ -125,6 +143,8 @@ class InPlacePaged:
         self.views: dict[tuple, PagedKV] = {}  # _pages: (layer, K and V pointers) -> its view
         self.log = StepLog()
         self.forward: Forward | None = None
+        self.records = hasattr(backend, "recording")  # a GPU's: launches recorded, made again
+        self.none = backend.asarray(np.zeros(1, np.int32))  # the tables of no request
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         if "cache" not in kwargs:
@@ -174,14 +194,15 @@ class InPlacePaged:
         out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
         pages = self._pages(module, kc, vc)
         sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
-        if sparse:
-            self._summarise(pages, f.plans[0], None)
+        if sparse and f.plans[0] is not None:  # the decode tokens' slots, as every layer
+            self._step(("summary",), pages, MOVED,
+                       lambda _: self.backend.summary(pages, f.plans[0]))
         for (q0, q1, k0, k1), is_decode in zip(f.spans, f.decode):
             if not is_decode:
                 self._prefill(module, out, query, new_k, new_v, kc, vc, read, mask,
                               (q0, q1, k0, k1), **kwargs)
         if sparse:
-            self._summarise(pages, f.plans[1], "base")
+            self._summarise(pages, f.plans[1])
         if self.timer is not None and layer == 0:
             self.timer.batch(sum(f.decode), sum(q1 - q0 for (q0, q1, _, _), dec in
                                                 zip(f.spans, f.decode) if not dec))
@@ -237,20 +258,20 @@ class InPlacePaged:
             summary = self.summaries.setdefault(module.layer_idx, self.backend.asarray(
                 np.zeros((slots // size, kv_heads, 2, d), storage_dtype(dtype))))
             k, v = (self.bridge.array(x.view(-1, size, kv_heads, d)) for x in (kc, vc))
-            none = self.backend.asarray(np.zeros(1, np.int32))
+            none = self.none
             self.views[key] = PagedKV(k, v, summary, none, none[:0], none[:0], (), size, dtype,
                                       layout="NHD")
         return self.views[key]
 
-    def _summarise(self, pages: PagedKV, plan: AppendPlan | None, part: str | None) -> None:
-        """The summary kernel over `plan`'s slots; its time in the timer's `part` (prefill's
-        tokens count as prefill, as QuestPaged counts them)."""
+    def _summarise(self, pages: PagedKV, plan: AppendPlan | None) -> None:
+        """The summary kernel over the prefill chunks' slots, its time counted as theirs (as
+        QuestPaged counts them)."""
         if plan is None:
             return
-        t0 = self._now() if part and self.timer is not None else None
+        t0 = self._now() if self.timer is not None else None
         self.backend.summary(pages, plan)
         if t0 is not None:
-            self.timer.add(part, self._now() - t0)
+            self.timer.add("base", self._now() - t0)
 
     def _prefill(self, module, out, query, new_k, new_v, kc, vc, read, mask, span, **kwargs):
         """A prefill chunk by the attention QuestPaged replaced, its keys gathered from the
@@ -280,11 +301,18 @@ class InPlacePaged:
             if not which:
                 continue
             kv, at = self._tables(pages, which, [rows[i] for i in which], query.device)
-            q = self.bridge.array(query[0].index_select(1, at).transpose(0, 1))
-            got, read = self._run(q, kv, want, last)
+            if not last:
+                names = MOVED if want else MOVED[:2]  # dense attention reads no summaries
+                out[0].index_copy_(0, at, self._step(("decode", tuple(which), want), kv, names,
+                                                     lambda q: self._run(q, kv, want),
+                                                     query, at))
+                continue
+            q = self.bridge.array(_rows(query, at))
+            got, read = (sparse_reads(self.backend, q, kv, self.policy.k_pages) if want
+                         else dense_reads(self.backend, q, kv))
             out[0].index_copy_(0, at, self.bridge.tensor(got, query))
             for j, i in enumerate(which):
-                reads[i] = read[j] if read else 0.0
+                reads[i] = read[j]
         self.log.selections += sum(sparse)
         if last:
             self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
@@ -306,15 +334,45 @@ class InPlacePaged:
         return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, size,
                        pages.dtype, layout="NHD"), at
 
-    def _run(self, q, kv: PagedKV, sparse: bool, last: bool):
-        """(out [B, Hq, d], pages read per request, or [] where not counted: the last layer
-        counts them, stage by stage as StagesDecode does, the others run Quest chained)."""
-        if last:
-            return (sparse_reads(self.backend, q, kv, self.policy.k_pages) if sparse
-                    else dense_reads(self.backend, q, kv))
+    def _run(self, q, kv: PagedKV, sparse: bool):
+        """out [B, Hq, d]: the Quest step chained, or dense attention (the last layer counts the
+        pages read instead, stage by stage as StagesDecode does: _decode)."""
         if sparse:
-            return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0], []
-        return self.backend.attention(q, kv)[0], []
+            return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0]
+        return self.backend.attention(q, kv)[0]
+
+    def _step(self, key, kv: PagedKV, names, run, query=None, at=None):
+        """run(q)'s answer as a torch tensor (None where it answers none), q the decode rows `at`
+        of query: run at the forward's first layer that asks for `key` and, where the backend
+        records, made again at the others over their own `names` (of K, V, summaries). Two
+        layers' keys and values differ only there: same tables (the forward's), same shapes."""
+        step = self.forward.steps.get(key)
+        if step is not None:
+            if step.q is not None:
+                _rows_into(query, at, step.q)
+            step.replay(**{n: address(getattr(kv, n)) for n in names})
+            return step.out
+        q = None if query is None else _rows(query, at)
+        if not self.records:
+            got = run(None if q is None else self.bridge.array(q))
+            return None if got is None else self.bridge.tensor(got, query)
+        with self.backend.recording() as kept:
+            got = run(None if q is None else self.bridge.array(q))
+        replay = self.backend.replay(kept, {n: address(getattr(kv, n)) for n in names})
+        answer = None if got is None else self.bridge.tensor(got, query)
+        self.forward.steps[key] = Step(replay, q, answer)
+        return answer
+
+
+def _rows(query, at):
+    """The query rows `at` of a call's query [1, Hq, T, d] as one contiguous [B, Hq, d]."""
+    return query[0].transpose(0, 1).index_select(0, at)
+
+
+def _rows_into(query, at, into) -> None:
+    """_rows into the tensor `into` (no allocation)."""
+    import torch
+    torch.index_select(query[0].transpose(0, 1), 0, at, out=into)
 
 
 def _index(rows: list[int], device):
