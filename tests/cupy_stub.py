@@ -64,3 +64,39 @@ def make() -> types.ModuleType:
                                       MemoryPool=MemoryPool,
                                       using_allocator=lambda _: contextlib.nullcontext())
     return cupy
+
+
+@contextlib.contextmanager
+def installed(monkeypatch, names: tuple[str, ...]):
+    """Within the block the stub is `cupy` and the modules `names` (which import it) are
+    imported afresh over it: yields (stub, those modules). Afterwards the modules are as they
+    were, in sys.modules and as their package's attributes (where a GPU machine imported the
+    real ones first, `from questprof.backends import pdl` would otherwise find the stub's)."""
+    import importlib
+    import sys
+
+    def parent(name):
+        package, _, leaf = name.rpartition(".")
+        return sys.modules[package], leaf
+
+    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
+    attrs = {}
+    for n in names:
+        package, leaf = parent(n)
+        attrs[n] = package.__dict__.pop(leaf, None)
+    stub = make()
+    monkeypatch.setitem(sys.modules, "cupy", stub)
+    try:
+        modules = [importlib.import_module(n) for n in names]
+        pdl = sys.modules.get("questprof.backends.pdl")
+        if pdl is not None:  # the stub's kernels launch by their own call, never the driver's
+            monkeypatch.setattr(pdl, "driver_or_none", lambda: None)
+        yield stub, modules
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+            package, leaf = parent(n)
+            package.__dict__.pop(leaf, None)
+            if attrs[n] is not None:
+                setattr(package, leaf, attrs[n])
+        sys.modules.update(saved)

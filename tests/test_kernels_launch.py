@@ -55,9 +55,6 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
     C name of backends/params.py's dtype, whose layout tests/test_params.py holds to nvcc's) and
     then the pointers it takes beside it (the estimate's q: kernels/estimate.cu says why), at
     every group, head dim, cache and mode of DRY_RUN."""
-    import importlib
-    import sys
-
     import numpy as np
 
     import cupy_stub
@@ -69,14 +66,10 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
     sigs = {}
     for source in ("attention.cu", "estimate.cu", "summary.cu", "topk.cu"):
         sigs.update(_signatures(objects(source)))
-    stub = cupy_stub.make()
     names = ("questprof.backends.cupy", "questprof.backends.pdl",
              "questprof.backends.cupy_selectors")
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    monkeypatch.setitem(sys.modules, "cupy", stub)
-    try:
-        ops, rng = importlib.import_module(names[0]), np.random.default_rng(7)
-        forms = importlib.import_module(names[2])
+    with cupy_stub.installed(monkeypatch, names) as (stub, (ops, _, forms)):
+        rng = np.random.default_rng(7)
         for (qh, kvh, d, s, dtype, cache, summ, layout), tune in itertools.product(DRY_RUN,
                                                                                    TUNES):
             if layout == "NHD" and "stages" in tune:
@@ -100,10 +93,6 @@ def test_launchers_ask_for_built_kernels_with_their_parameters(objects, monkeypa
                     fs = forms.summaries(kv, form, full_plan(kv))
                     for mode in ("per-head", "shared-max"):
                         forms.quest(q, kv, fs, 5, mode)
-    finally:
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
     assert len(stub.LAUNCHES) > 120, len(stub.LAUNCHES)
     assert any(",6,false>" in e.replace(" ", "") for e, *_ in stub.LAUNCHES)  # a deep ring ran
     for expression, grid, block, args, shared_mem in stub.LAUNCHES:
@@ -125,7 +114,6 @@ def test_each_check_runs_once_per_call(monkeypatch):
     """A launcher's checks (backends/launch_args.py, the mode's) run once per call, the Quest
     step's and a selector form's included, where top-K's budget was checked twice before."""
     import collections
-    import importlib
     import sys
 
     import numpy as np
@@ -137,10 +125,7 @@ def test_each_check_runs_once_per_call(monkeypatch):
 
     names = ("questprof.backends.cupy", "questprof.backends.pdl",
              "questprof.backends.cupy_selectors")
-    saved = {n: sys.modules.pop(n) for n in names if n in sys.modules}
-    monkeypatch.setitem(sys.modules, "cupy", cupy_stub.make())
-    try:
-        ops, forms = importlib.import_module(names[0]), importlib.import_module(names[2])
+    with cupy_stub.installed(monkeypatch, names) as (_, (ops, _, forms)):
         rng = np.random.default_rng(3)
         kv = random_paged_kv(rng, [5, 40, 70], 16, 2, 128, "fp16", spare_pages=2)
         q = random_queries(rng, 3, 8, 128, "fp16")
@@ -169,7 +154,3 @@ def test_each_check_runs_once_per_call(monkeypatch):
             finally:
                 sys.setprofile(None)
             assert seen and max(seen.values()) == 1, (label, dict(seen))
-    finally:
-        for n in names:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)

@@ -6,8 +6,6 @@ of its own temporaries, which stay the recording's."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import sys
 
 import numpy as np
 import pytest
@@ -23,17 +21,8 @@ MOVED = ("k", "v", "summary")  # what differs between layers of one forward
 @pytest.fixture
 def dry(monkeypatch):
     """(backends/cupy.py over the stub, the stub): plain launches through the stub's kernels."""
-    stub = cupy_stub.make()
-    saved = {n: sys.modules.pop(n) for n in NAMES if n in sys.modules}
-    monkeypatch.setitem(sys.modules, "cupy", stub)
-    try:
-        ops = importlib.import_module(NAMES[0])
-        monkeypatch.setattr(sys.modules[NAMES[1]], "driver_or_none", lambda: None)
+    with cupy_stub.installed(monkeypatch, NAMES) as (stub, (ops, _, _)):
         yield ops, stub
-    finally:
-        for n in NAMES:
-            sys.modules.pop(n, None)
-        sys.modules.update(saved)
 
 
 def _layers(layout: str, seed: int):

@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--profile", type=int, default=0,
-                        help="print this many lines of a cProfile of the Quest layer's call")
+                        help="print this many lines of a cProfile of each layer's call")
     args = parser.parse_args()
 
     import cupy
@@ -120,8 +120,9 @@ def main() -> None:
             alone.append(_per_call_us(lambda: graph.launch(stream), args.repeats, torch))
         print(f"{batch:>3}{args.length:>8}  {calls[0]:>11.1f}{calls[1]:>11.1f}{alone[0]:>10.1f}"
               f"{alone[1]:>12.1f}{alone[2]:>10.1f}{alone[3]:>12.1f}", flush=True)
-        if args.profile:
-            _profile(lambda: layer(1), args.repeats, args.profile)
+        for i in (0, 1) if args.profile else ():
+            print(f"cProfile of layer {i}'s call ({'dense' if i == 0 else 'Quest'})")
+            _profile(lambda: layer(i), args.repeats, args.profile)
 
 
 def _profile(run, repeats: int, lines: int) -> None:
