@@ -396,7 +396,7 @@ class _Cache:
         import time
         t0 = self.clock.now()
         time.sleep(0.05)
-        self.clock.add("cache", self.clock.now() - t0)
+        self.clock.add("cache", t0, self.clock.now())
         return key_states[0].transpose(0, 1), value_states[0].transpose(0, 1)
 
 
@@ -431,8 +431,8 @@ class _CountingClock:
         self.t += 1
         return float(self.t)
 
-    def add(self, part: str, seconds: float) -> None:
-        self.parts[part] = self.parts.get(part, 0.0) + seconds
+    def add(self, part: str, start: float, end: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + end - start
 
     def batch(self, decode: int, prefill_tokens: int) -> None:
         pass
@@ -461,3 +461,35 @@ def test_a_prefill_chunks_summary_writes_count_as_prefill_not_decode_attention(t
     assert attention.log.selections == 1  # the decode step selected
     # 2 readings of the prefill write + 2 of the chunk's attention, each pair 1 apart
     assert clock.parts["base"] == 2.0
+
+
+def test_cuda_readings_are_read_after_the_run(monkeypatch):
+    """On CUDA the clock's readings are events, recorded without a wait and read once the run
+    is over: a forward's parts come out in seconds from them."""
+    import torch
+    from questprof.serving.step_time import Forward, StepClock, step_parts
+
+    class Event:  # a recorded CUDA event at `ms` on the GPU's clock
+        def __init__(self, ms):
+            self.ms = ms
+
+        def elapsed_time(self, other):
+            return other.ms - self.ms
+
+    clock = StepClock(cuda=True)
+    readings = iter(Event(ms) for ms in (10, 11, 13, 20, 26, 30, 31, 40))
+    monkeypatch.setattr(clock, "now", lambda: next(readings))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    clock.forwards.append(Forward(clock.now(), decode=2))
+    t0 = clock.now()
+    clock.add("cache", t0, clock.now())
+    t1 = clock.now()
+    clock.add("attention_call", t1, clock.now())
+    clock.forwards[-1].end = clock.now()
+    clock.forwards.append(Forward(clock.now()))
+    clock.forwards[-1].end = clock.now()
+    step, last = step_parts(clock)
+    assert last["step_ms"] == pytest.approx(9)  # the last forward's step is its own
+    assert step["step_ms"] == pytest.approx(21) and step["forward_ms"] == pytest.approx(20)
+    assert step["cache_ms"] == pytest.approx(2) and step["attention_ms"] == pytest.approx(6)
+    assert step["model_rest_ms"] == pytest.approx(12) and step["python_ms"] == pytest.approx(1)

@@ -76,7 +76,7 @@ def main() -> None:
 
     from questprof.backends import get_backend
     from questprof.core.layout import AppendPlan
-    from questprof.serving.inplace import InPlacePaged
+    from questprof.serving.inplace import InPlacePaged, _with_tables
     from questprof.serving.paged_attention import Policy
 
     backend = get_backend("cupy")
@@ -101,9 +101,8 @@ def main() -> None:
             backend.summary(kv, AppendPlan(every, np.zeros_like(every),
                                            np.full_like(every, SIZE)))
         calls = [_per_call_us(lambda: layer(i), args.repeats, torch) for i in (0, 1)]
-        kv, _ = attention._tables(
-            attention._pages(Module(1), cache.key_cache[1], cache.value_cache[1]),
-            list(range(batch)), list(range(batch)), q.device)
+        kv = _with_tables(attention._pages(Module(1), cache.key_cache[1], cache.value_cache[1]),
+                          attention._tables(list(range(batch)), list(range(batch)), q.device))
         qc = attention.bridge.array(q[0].transpose(0, 1))
         steps = {"quest": lambda: backend.quest(qc, kv, BUDGET // SIZE, "per-head"),
                  "dense": lambda: backend.attention(qc, kv)}

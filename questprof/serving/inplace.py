@@ -31,7 +31,6 @@ three stages one by one for that (the other layers' Quest is one chained call).
 from __future__ import annotations
 
 import math
-import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
@@ -141,6 +140,7 @@ class InPlacePaged:
         self.backend = backend
         self.summaries: dict[int, object] = {}
         self.views: dict[tuple, PagedKV] = {}  # _pages: (layer, K and V pointers) -> its view
+        self.moved: dict[int, dict] = {}  # id of a view -> the addresses of its MOVED arrays
         self.log = StepLog()
         self.forward: Forward | None = None
         self.records = hasattr(backend, "recording")  # a GPU's: launches recorded, made again
@@ -149,21 +149,19 @@ class InPlacePaged:
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         if "cache" not in kwargs:
             raise ConfigError("--engine inplace: the loop called attention without its cache")
-        t0 = self._now()
+        timer = self.timer
+        t0 = timer.now() if timer is not None else None
         k_all, v_all, kc, vc = self._write(module, key, value, kwargs)
-        t1 = self._now()
-        if self.timer is not None:
-            self.timer.add("cache", t1 - t0)
+        if timer is not None:
+            t1 = timer.now()
+            timer.add("cache", t0, t1)
         try:  # every backend array and launch on torch's stream (5.17's forward has its own)
             with self.bridge.stream():
                 return self._call(module, query, k_all, v_all, kc, vc, attention_mask,
                                   **kwargs)
         finally:
-            if self.timer is not None:
-                self.timer.add("attention_call", self._now() - t1)
-
-    def _now(self) -> float:
-        return self.timer.now() if self.timer is not None else time.perf_counter()
+            if timer is not None:
+                timer.add("attention_call", t1, timer.now())
 
     def _write(self, module, key, value, kwargs):
         """The call's keys and values written at write_index; (keys and values the prefill
@@ -195,7 +193,7 @@ class InPlacePaged:
         pages = self._pages(module, kc, vc)
         sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
         if sparse and f.plans[0] is not None:  # the decode tokens' slots, as every layer
-            self._step(("summary",), pages, MOVED,
+            self._step(("summary",), self.moved[id(pages)],
                        lambda _: self.backend.summary(pages, f.plans[0]))
         for (q0, q1, k0, k1), is_decode in zip(f.spans, f.decode):
             if not is_decode:
@@ -259,8 +257,9 @@ class InPlacePaged:
                 np.zeros((slots // size, kv_heads, 2, d), storage_dtype(dtype))))
             k, v = (self.bridge.array(x.view(-1, size, kv_heads, d)) for x in (kc, vc))
             none = self.none
-            self.views[key] = PagedKV(k, v, summary, none, none[:0], none[:0], (), size, dtype,
-                                      layout="NHD")
+            view = self.views[key] = PagedKV(k, v, summary, none, none[:0], none[:0], (), size,
+                                             dtype, layout="NHD")
+            self.moved[id(view)] = {n: address(getattr(view, n)) for n in MOVED}
         return self.views[key]
 
     def _summarise(self, pages: PagedKV, plan: AppendPlan | None) -> None:
@@ -268,10 +267,10 @@ class InPlacePaged:
         QuestPaged counts them)."""
         if plan is None:
             return
-        t0 = self._now() if self.timer is not None else None
+        t0 = self.timer.now() if self.timer is not None else None
         self.backend.summary(pages, plan)
         if t0 is not None:
-            self.timer.add("base", self._now() - t0)
+            self.timer.add("base", t0, self.timer.now())
 
     def _prefill(self, module, out, query, new_k, new_v, kc, vc, read, mask, span, **kwargs):
         """A prefill chunk by the attention QuestPaged replaced, its keys gathered from the
@@ -283,11 +282,11 @@ class InPlacePaged:
             with_cache = (new_k[k0:k1], new_v[k0:k1])
         k, v = (x.transpose(0, 1).unsqueeze(0).contiguous() for x in with_cache)
         m = None if mask is None else mask[..., q0:q1, k0:k1].contiguous()
-        t0 = self._now() if self.timer is not None else None
+        t0 = self.timer.now() if self.timer is not None else None
         out[0, q0:q1] = self.base(module, query[..., q0:q1, :].contiguous(), k, v, m,
                                   **kwargs)[0][0]
         if t0 is not None:
-            self.timer.add("base", self._now() - t0)
+            self.timer.add("base", t0, self.timer.now())
 
     def _decode(self, module, out, query, pages: PagedKV, layer: int) -> None:
         """The decode requests' answers (dense and sparse subsets, one call each) into out."""
@@ -300,13 +299,17 @@ class InPlacePaged:
             which = [i for i, s in enumerate(sparse) if s == want]
             if not which:
                 continue
-            kv, at = self._tables(pages, which, [rows[i] for i in which], query.device)
+            tables = self._tables(which, [rows[i] for i in which], query.device)
+            at = tables[-1]
             if not last:
-                names = MOVED if want else MOVED[:2]  # dense attention reads no summaries
-                out[0].index_copy_(0, at, self._step(("decode", tuple(which), want), kv, names,
-                                                     lambda q: self._run(q, kv, want),
-                                                     query, at))
+                moved = self.moved[id(pages)]
+                if not want:  # dense attention reads no summaries
+                    moved = {n: moved[n] for n in MOVED[:2]}
+                out[0].index_copy_(0, at, self._step(
+                    ("decode", tuple(which), want), moved,
+                    lambda q: self._run(q, _with_tables(pages, tables), want), query, at))
                 continue
+            kv = _with_tables(pages, tables)
             q = self.bridge.array(_rows(query, at))
             got, read = (sparse_reads(self.backend, q, kv, self.policy.k_pages) if want
                          else dense_reads(self.backend, q, kv))
@@ -318,9 +321,9 @@ class InPlacePaged:
             self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
                          sum(reads))
 
-    def _tables(self, pages: PagedKV, which: list[int], rows: list[int], device):
-        """(pages with the CSR tables of the decode requests `which`, their query rows as a
-        torch index on `device`), made once per forward."""
+    def _tables(self, which: list[int], rows: list[int], device) -> tuple:
+        """(indptr, page ids, last page lengths, lengths) of the decode requests `which` and
+        their query rows as a torch index on `device`, made once per forward."""
         f, size, b = self.forward, self.policy.page_size, self.backend
         key = tuple(which)
         if key not in f.tables:
@@ -330,9 +333,7 @@ class InPlacePaged:
             lens = tuple(f.lengths[i] for i in which)
             indptr, _, last = page_tables(lens, size, len(pick))
             f.tables[key] = (b.asarray(indptr), ids, b.asarray(last), lens, _index(rows, device))
-        indptr, ids, last, lens, at = f.tables[key]
-        return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, size,
-                       pages.dtype, layout="NHD"), at
+        return f.tables[key]
 
     def _run(self, q, kv: PagedKV, sparse: bool):
         """out [B, Hq, d]: the Quest step chained, or dense attention (the last layer counts the
@@ -341,16 +342,17 @@ class InPlacePaged:
             return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0]
         return self.backend.attention(q, kv)[0]
 
-    def _step(self, key, kv: PagedKV, names, run, query=None, at=None):
+    def _step(self, key, moved: dict, run, query=None, at=None):
         """run(q)'s answer as a torch tensor (None where it answers none), q the decode rows `at`
         of query: run at the forward's first layer that asks for `key` and, where the backend
-        records, made again at the others over their own `names` (of K, V, summaries). Two
-        layers' keys and values differ only there: same tables (the forward's), same shapes."""
+        records, made again at the others with the addresses `moved` (of their K, V,
+        summaries). Two layers' launches differ only there: same tables (the forward's), same
+        shapes."""
         step = self.forward.steps.get(key)
         if step is not None:
             if step.q is not None:
                 _rows_into(query, at, step.q)
-            step.replay(**{n: address(getattr(kv, n)) for n in names})
+            step.replay(**moved)
             return step.out
         q = None if query is None else _rows(query, at)
         if not self.records:
@@ -358,10 +360,17 @@ class InPlacePaged:
             return None if got is None else self.bridge.tensor(got, query)
         with self.backend.recording() as kept:
             got = run(None if q is None else self.bridge.array(q))
-        replay = self.backend.replay(kept, {n: address(getattr(kv, n)) for n in names})
+        replay = self.backend.replay(kept, moved)
         answer = None if got is None else self.bridge.tensor(got, query)
         self.forward.steps[key] = Step(replay, q, answer)
         return answer
+
+
+def _with_tables(pages: PagedKV, tables: tuple) -> PagedKV:
+    """The layer's pages with the CSR tables of some decode requests (InPlacePaged._tables)."""
+    indptr, ids, last, lens, _ = tables
+    return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, pages.page_size,
+                   pages.dtype, layout="NHD")
 
 
 def _rows(query, at):

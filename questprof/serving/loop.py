@@ -119,7 +119,7 @@ def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings
     `engine`: paged_attention.HostDecode by default, stages_decode.StagesDecode, or
     inplace.InPlaceDecode, whose attention reads the loop's cache in place)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
-    clock = StepClock(_sync(model))
+    clock = StepClock(cuda=model.device.type == "cuda")
     own = isinstance(engine, OwnAttention)
     if own and policy.name != "dense":
         raise ValueError(f"transformers' own attention is dense: policy {policy.name!r} needs "
@@ -138,10 +138,3 @@ def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings
     attention.log.parts = step_parts(clock)
     return served, attention.log
 
-
-def _sync(model):
-    """What the step timers wait for first: the model's CUDA device, else nothing."""
-    import torch
-    if model.device.type == "cuda":
-        return lambda: torch.cuda.synchronize(model.device)
-    return None

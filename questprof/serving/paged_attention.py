@@ -254,7 +254,7 @@ class QuestPaged:
         try:
             return self._call(module, query, key, value, attention_mask, **kwargs)
         finally:
-            self.timer.add("attention_call", self.timer.now() - t0)
+            self.timer.add("attention_call", t0, self.timer.now())
 
     def _prefill(self, module, query, key, value, mask, **kwargs):
         """A prefill chunk's attention by the function QuestPaged replaced: [q tokens, Hq, d]."""
@@ -262,7 +262,7 @@ class QuestPaged:
             return self.base(module, query, key, value, mask, **kwargs)[0][0]
         t0 = self.timer.now()
         out = self.base(module, query, key, value, mask, **kwargs)[0][0]
-        self.timer.add("base", self.timer.now() - t0)
+        self.timer.add("base", t0, self.timer.now())
         return out
 
     def _call(self, module, query, key, value, attention_mask, **kwargs):
@@ -330,7 +330,7 @@ class QuestPaged:
             t0 = self.timer.now() if self.timer is not None and mine is not decode else None
             table.write(slots[mine], key[0, :, at[mine]].transpose(0, 1).float().cpu().numpy())
             if t0 is not None:
-                self.timer.add("base", self.timer.now() - t0)
+                self.timer.add("base", t0, self.timer.now())
 
 
 def _is_decode(q0: int, q1: int, k0: int, k1: int) -> bool:

@@ -20,8 +20,13 @@ A step runs from one forward's start to the next's (the last: to its own end). I
   python     = step - forward (scheduling, input preparation, sampling, outputs)
 which sum to the step. The prefill tokens' share of the rest (embeddings, projections, MLP,
 norms, logits) is apportioned by token count, as those layers' work is per token; where a small
-step is bound by reading the weights (a GPU) this overstates what the prefill adds. On CUDA
-each timer synchronises the device first, so a part is the device time it waits for.
+step is bound by reading the weights (a GPU) this overstates what the prefill adds.
+On CUDA a reading is an event recorded on the current stream, read after the run: the timers
+wait for nothing, so they leave the run as it runs (a timer that synchronised the device at
+each reading, as these did until 2026-12-02, exposed the host's launch time of every op after
+it: 64 waits per decode step of a 32-layer model). A part is then the GPU's time from its first
+reading to its last, which holds the kernels and any wait of the GPU for the host between them;
+where the host runs ahead, the host's own time hides behind the GPU's, as it does in the run.
 """
 
 from __future__ import annotations
@@ -35,32 +40,67 @@ PARTS = ("attention", "cache", "prefill", "model_rest", "python")
 
 @dataclass
 class Forward:
-    """One forward's timestamps (perf_counter seconds) and what its timers summed."""
+    """One forward's readings (StepClock.now: seconds once the clock is read) and the spans its
+    timers took, by part; `seconds` sums them once read."""
 
-    start: float
-    end: float = float("nan")
+    start: object
+    end: object = None
     decode: int = 0          # requests answered as one query (decode steps)
     prefill_tokens: int = 0  # tokens of prefill chunks
-    seconds: dict = field(default_factory=lambda: {"attention_call": 0.0, "base": 0.0,
-                                                   "cache": 0.0})
+    spans: dict = field(default_factory=dict)  # part -> [(reading, reading)]
     ours: bool = False  # questprof's attention ran (and was timed) in this forward
+
+    @property
+    def seconds(self) -> dict:
+        total = {"attention_call": 0.0, "base": 0.0, "cache": 0.0}
+        for part, spans in self.spans.items():
+            total[part] = total.get(part, 0.0) + sum(b - a for a, b in spans)
+        return total
 
 
 class StepClock:
-    """The timers of one run (see the module); QuestPaged calls `add` and `batch`."""
+    """The timers of one run (see the module); QuestPaged calls `add` and `batch`. `cuda`: its
+    readings are CUDA events on the current stream, else perf_counter seconds."""
 
-    def __init__(self, sync=None) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         self.forwards: list[Forward] = []
-        self.sync = sync or (lambda: None)
+        self.cuda = cuda
 
-    def now(self) -> float:
-        self.sync()
-        return time.perf_counter()
+    def now(self):
+        """A reading: seconds, or (CUDA) an event recorded now, seconds once `read`."""
+        if not self.cuda:
+            return time.perf_counter()
+        import torch
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
-    def add(self, part: str, seconds: float) -> None:
+    def add(self, part: str, start, end) -> None:
+        """A span of `part` from reading `start` to `end`, in the current forward."""
         if self.forwards:
-            self.forwards[-1].seconds[part] += seconds
+            self.forwards[-1].spans.setdefault(part, []).append((start, end))
             self.forwards[-1].ours |= part == "attention_call"
+
+    def read(self) -> None:
+        """Every reading as seconds (CUDA: after the device finishes, from the first reading)."""
+        if not self.cuda or not self.forwards:
+            return
+        import torch
+        torch.cuda.synchronize()
+        first = self.forwards[0].start
+        seconds = {}
+
+        def s(event):
+            if not hasattr(event, "elapsed_time"):
+                return event
+            if id(event) not in seconds:
+                seconds[id(event)] = first.elapsed_time(event) / 1e3
+            return seconds[id(event)]
+
+        for f in self.forwards:
+            f.start, f.end = s(f.start), (s(f.end) if f.end is not None else None)
+            f.spans = {p: [(s(a), s(b)) for a, b in v] for p, v in f.spans.items()}
+        self.cuda = False  # read: every reading is seconds now
 
     def batch(self, decode: int, prefill_tokens: int) -> None:
         """The current forward's requests: decodes and prefill tokens (from layer 0)."""
@@ -85,7 +125,7 @@ class StepClock:
             try:
                 return update(cache, *args, **kwargs)
             finally:
-                self.add("cache", self.now() - t0)
+                self.add("cache", t0, self.now())
 
         def start(_, args, kwargs):
             self.forwards.append(Forward(self.now(), **batch_of(kwargs)))
@@ -139,7 +179,8 @@ def split(f: Forward, next_start: float | None) -> dict:
 
 def step_parts(clock: StepClock) -> list[dict]:
     """One dict per forward of the run, in order (see split)."""
-    done = [f for f in clock.forwards if f.end == f.end]  # a forward that finished
+    clock.read()
+    done = [f for f in clock.forwards if f.end is not None]  # a forward that finished
     return [split(f, done[i + 1].start if i + 1 < len(done) else None)
             for i, f in enumerate(done)]
 
