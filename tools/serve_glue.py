@@ -68,6 +68,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--profile", type=int, default=0,
                         help="print this many lines of a cProfile of each layer's call")
+    parser.add_argument("--trace", action="store_true",
+                        help="print the GPU's time per op of each layer's call (torch.profiler)")
     args = parser.parse_args()
 
     import cupy
@@ -119,9 +121,27 @@ def main() -> None:
             alone.append(_per_call_us(lambda: graph.launch(stream), args.repeats, torch))
         print(f"{batch:>3}{args.length:>8}  {calls[0]:>11.1f}{calls[1]:>11.1f}{alone[0]:>10.1f}"
               f"{alone[1]:>12.1f}{alone[2]:>10.1f}{alone[3]:>12.1f}", flush=True)
+        for i in (0, 1) if args.trace else ():
+            print(f"torch.profiler of layer {i}'s call ({'dense' if i == 0 else 'Quest'}), "
+                  f"{args.repeats} calls")
+            _trace(lambda: layer(i), args.repeats, torch)
         for i in (0, 1) if args.profile else ():
             print(f"cProfile of layer {i}'s call ({'dense' if i == 0 else 'Quest'})")
             _profile(lambda: layer(i), args.repeats, args.profile)
+
+
+def _trace(run, repeats: int, torch) -> None:
+    """The GPU's time per op of `repeats` calls (torch.profiler: torch's ops and the kernels
+    launched through the driver)."""
+    from torch.profiler import ProfilerActivity, profile
+    run()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=14,
+                                    max_name_column_width=60), flush=True)
 
 
 def _profile(run, repeats: int, lines: int) -> None:
