@@ -209,8 +209,10 @@ class InPlacePaged:
         return out, None
 
     def _plan(self, kwargs, group: int) -> Forward:
-        """This forward's spans, summary plans and decode page ids (see Forward)."""
+        """This forward's spans, summary plans and decode page ids (see Forward); the last
+        forward's pages read counted now that these reads waited for the GPU."""
         cu_q = kwargs["cu_seq_lens_q"].tolist()
+        self.log.settle()
         cu_k = _one(kwargs["cu_seq_lens_k"]).tolist()
         spans = [(cu_q[r], cu_q[r + 1], cu_k[r], cu_k[r + 1]) for r in range(len(cu_q) - 1)
                  if cu_q[r + 1] > cu_q[r]]
@@ -294,7 +296,7 @@ class InPlacePaged:
         rows = [q0 for (q0, _, _, _), dec in zip(f.spans, f.decode) if dec]
         sparse = [self.policy.sparse(layer, n) for n in f.lengths]
         last = layer == module.config.num_hidden_layers - 1
-        reads = [0.0] * len(rows)
+        reads = []  # the last layer's callables giving pages read per request
         for want in (True, False):
             which = [i for i, s in enumerate(sparse) if s == want]
             if not which:
@@ -314,12 +316,11 @@ class InPlacePaged:
             got, read = (sparse_reads(self.backend, q, kv, self.policy.k_pages) if want
                          else dense_reads(self.backend, q, kv))
             out[0].index_copy_(0, at, self.bridge.tensor(got, query))
-            for j, i in enumerate(which):
-                reads[i] = read[j]
+            reads.append(read)
         self.log.selections += sum(sparse)
-        if last:
+        if last:  # counted when asked (StepLog.steps), not now: no wait for the GPU in the step
             self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
-                         sum(reads))
+                         lambda: sum(sum(read()) for read in reads))
 
     def _tables(self, which: list[int], rows: list[int], device) -> tuple:
         """(indptr, page ids, last page lengths, lengths) of the decode requests `which` and

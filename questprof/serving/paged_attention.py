@@ -160,13 +160,31 @@ class StepLog:
     pages, pages read (the mean over KV heads of the union its q heads chose, summed over
     requests; every page for a dense request) and when the step's last layer ran."""
 
-    steps: list = field(default_factory=list)
+    done: list = field(default_factory=list)
     selections: int = 0  # (request, layer) decodes that ran Quest's selection
     parts: list = field(default_factory=list)  # each forward's time by part (step_time.split)
+    later: list = field(default_factory=list)  # steps whose pages read are not counted yet
 
-    def add(self, requests: int, active: int, read: float) -> None:
-        self.steps.append({"requests": requests, "active_pages": active, "pages_read": read,
-                           "t": time.perf_counter()})
+    def add(self, requests: int, active: int, read, t: float | None = None) -> None:
+        """A step; `read` its pages read, or a callable giving them when first asked (a GPU's
+        selection read back later: a copy now would make the host wait in the step)."""
+        step = {"requests": requests, "active_pages": active, "pages_read": read,
+                "t": time.perf_counter() if t is None else t}
+        (self.later if callable(read) else self.done).append(step)
+
+    def settle(self) -> None:
+        """Count the pages read of the steps added with a callable."""
+        for step in self.later:
+            step["pages_read"] = float(step["pages_read"]())
+        self.done += self.later
+        self.later = []
+        self.done.sort(key=lambda s: s["t"])
+
+    @property
+    def steps(self) -> list:
+        """Every step, its pages read counted."""
+        self.settle()
+        return self.done
 
 
 def select_pages(q: np.ndarray, box: np.ndarray, k_pages: int) -> np.ndarray:

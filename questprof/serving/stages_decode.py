@@ -82,6 +82,7 @@ class StagesDecode:
         q = self.backend.asarray(to_storage(q, dtype))
         out, reads = (sparse_reads(self.backend, q, kv, k_pages) if sparse
                       else dense_reads(self.backend, q, kv))
+        reads = reads()
         host = self.backend.to_host(out)
         values = host.astype(np.float32) if dtype != "bf16" else \
             (host.astype(np.uint32) << 16).view(np.float32)
@@ -90,9 +91,10 @@ class StagesDecode:
 
 
 def dense_reads(backend, q, kv: PagedKV):
-    """(dense attention's out, pages read per request): every page."""
+    """(dense attention's out, a callable giving the pages read per request): every page."""
     out, _ = backend.attention(q, kv)
-    return out, [float(p) for p in kv.pages()]
+    pages = [float(p) for p in kv.pages()]
+    return out, lambda: pages
 
 
 def sparse_reads(backend, q, kv: PagedKV, k_pages: int):
@@ -100,10 +102,15 @@ def sparse_reads(backend, q, kv: PagedKV, k_pages: int):
     the mean over KV heads of the union of its q heads' pages, as HostDecode counts it (not K:
     per-head q heads choose apart). backend.quest composes the same three, but on a GPU it
     chains them by PDL, and here the selection also comes back to the host: not the bench's
-    Quest step."""
+    Quest step. The pages read come as a callable: on a GPU the selection comes back to the host
+    when it is called, so a caller that can wait for its count (InPlacePaged: until the next
+    forward, which waits for the GPU anyway) adds no wait to the step."""
     scores = backend.estimate(q, kv, "per-head")
     sel, count = backend.topk(scores, kv, k_pages)
     out, _ = backend.attention(q, kv, sel, count)
-    chosen = np.asarray(backend.to_host(sel))  # [Hq, B, K], -1 past a short request
-    count, group = np.asarray(backend.to_host(count)), chosen.shape[0] // kv.kv_heads
-    return out, [union_pages(chosen[:, [j]], count[[j]], group) for j in range(kv.batch)]
+
+    def reads() -> list[float]:
+        chosen = np.asarray(backend.to_host(sel))  # [Hq, B, K], -1 past a short request
+        counts, group = np.asarray(backend.to_host(count)), chosen.shape[0] // kv.kv_heads
+        return [union_pages(chosen[:, [j]], counts[[j]], group) for j in range(kv.batch)]
+    return out, reads
