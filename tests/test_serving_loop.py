@@ -127,7 +127,16 @@ def run(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
-def test_serve_writes_rows_and_report(config_json, tmp_path):
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The CPU path (the model and the stages on the CPU) also where a GPU is visible."""
+    import torch
+    monkeypatch.setattr("questprof.serving.models.device", lambda: torch.device("cpu"))
+    monkeypatch.setattr("questprof.backends.gpu_unavailable_reason",
+                        lambda: "no CUDA device is visible")
+
+
+def test_serve_writes_rows_and_report(config_json, tmp_path, on_cpu):
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(t) + "\n" for t in TRACE[:3]))
     out = tmp_path / "out"
@@ -154,7 +163,7 @@ def test_serve_writes_rows_and_report(config_json, tmp_path):
     assert again.exit_code == 2 and "already holds a run" in again.stderr
 
 
-def test_kernels_engine_runs_the_backends_stages(config_json, tmp_path):
+def test_kernels_engine_runs_the_backends_stages(config_json, tmp_path, on_cpu):
     """--engine kernels: the NumPy reference's stages without a GPU, said in a line and in
     the rows."""
     out = tmp_path / "out"
