@@ -125,10 +125,14 @@ def _drive(backend, dtype, device, layers=range(LAYERS), policy=QUEST):
         tokens = int(kwargs["cu_seq_lens_q"][-1])
         for layer in layers:
             q = torch.randn(1, Q_HEADS, tokens, D, generator=gen).to(dtype).to(device)
+            if layer % 2 == 0:  # as a projection leaves it: [1, T, Hq, d] viewed [1, Hq, T, d]
+                q = q.transpose(1, 2).contiguous().transpose(1, 2)
             k = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
             v = torch.randn(1, KV_HEADS, tokens, D, generator=gen).to(dtype).to(device)
+            # cloned: a replayed layer answers in the recording's output, valid until the next
+            # layer's call (the loop's projection reads it first)
             outs.append([f(Module(layer), q, k, v, None, cache=caches[id(f)], **kwargs)[0]
-                         for f in (host, inplace)])
+                         .clone() for f in (host, inplace)])
     return outs, host, inplace
 
 
@@ -190,16 +194,22 @@ class Replaying:
         return self._call("attention", q, kv, sel, count)
 
     def replay(self, kept, moved):
-        for name in moved:  # as a GPU replay refuses a pointer no launch reads
-            assert any(address(getattr(args[1] if n != "summary" else args[0], name)) ==
-                       moved[name] for n, args, _ in kept)
+        def of(name, args, what):  # the array `what` (a cache field, or "q") of a call
+            return args[0] if what == "q" else getattr(args[0 if name == "summary" else 1], what)
+
+        for what in moved:  # as a GPU replay refuses a pointer no launch reads
+            assert any(address(of(n, args, what)) == moved[what] for n, args, _ in kept
+                       if what != "q" or n != "summary")
 
         def run(**addresses):
             self.replays += 1
             for name, args, got in kept:
                 at = 0 if name == "summary" else 1
                 kv = dataclasses.replace(args[at], **{
-                    n: _at(addresses[n], getattr(args[at], n)) for n in moved})
+                    n: _at(addresses[n], getattr(args[at], n)) for n in moved if n != "q"})
+                args = list(args)
+                if "q" in moved and name != "summary":
+                    args[0] = _at(addresses["q"], args[0])
                 again = getattr(self.inner, name)(*args[:at], kv, *args[at + 1:])
                 if got is not None:
                     np.copyto(got[0], again[0])

@@ -17,9 +17,11 @@ reused block starts afresh). Tables and the summary plan are built once per forw
 sync for the sequence lengths and write slots; a forward is known by its write_index list, which
 the loop builds once per forward and hands every layer) and reused by every layer. So are the
 launches: on a GPU the first layer's summary, Quest and dense launches are recorded and every
-other layer makes them again with its own K, V and summary pointers (backends/replay.py), its
-query rows copied into the recording's query buffer, its answer read from the recording's
-output. Everything the backend does runs on torch's current stream (5.17 runs the forward on a
+other layer makes them again with its own K, V, summary and query pointers (backends/replay.py).
+Where one call answers every row of a decode-only forward, the query rows are read where the
+projection left them ([1, T, Hq, d] viewed [1, Hq, T, d]) and the recording's output is the
+layer's answer, valid until the next layer's call (the output projection reads it first); else
+the rows are copied into the recording's query buffer and the answer rows out of its output. Everything the backend does runs on torch's current stream (5.17 runs the forward on a
 stream of its own).
 
 5.24's loop gathers each request's keys before attention and keeps every layer's pages
@@ -189,7 +191,7 @@ class InPlacePaged:
         if self.forward is None or self.forward.key is not kwargs["write_index"]:
             self.forward = self._plan(kwargs, group)
         f = self.forward
-        out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+        out = None if all(f.decode) else _empty_answer(query)
         pages = self._pages(module, kc, vc)
         sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
         if sparse and f.plans[0] is not None:  # the decode tokens' slots, as every layer
@@ -205,7 +207,7 @@ class InPlacePaged:
             self.timer.batch(sum(f.decode), sum(q1 - q0 for (q0, q1, _, _), dec in
                                                 zip(f.spans, f.decode) if not dec))
         if any(f.decode):
-            self._decode(module, out, query, pages, layer)
+            out = self._decode(module, out, query, pages, layer)
         return out, None
 
     def _plan(self, kwargs, group: int) -> Forward:
@@ -290,13 +292,19 @@ class InPlacePaged:
         if t0 is not None:
             self.timer.add("base", t0, self.timer.now())
 
-    def _decode(self, module, out, query, pages: PagedKV, layer: int) -> None:
-        """The decode requests' answers (dense and sparse subsets, one call each) into out."""
+    def _decode(self, module, out, query, pages: PagedKV, layer: int):
+        """The call's answer [1, T, Hq, d] with the decode requests' rows (dense and sparse
+        subsets, one call each) written into out (None: a decode-only call's). Where one call
+        answers every row of a replayed layer, its output is the answer itself (no copy)."""
         f = self.forward
         rows = [q0 for (q0, _, _, _), dec in zip(f.spans, f.decode) if dec]
         sparse = [self.policy.sparse(layer, n) for n in f.lengths]
         last = layer == module.config.num_hidden_layers - 1
+        whole = self.records and not last and out is None and len(set(sparse)) == 1
+        if out is None and not whole:
+            out = _empty_answer(query)
         reads = []  # the last layer's callables giving pages read per request
+        self.log.selections += sum(sparse)
         for want in (True, False):
             which = [i for i, s in enumerate(sparse) if s == want]
             if not which:
@@ -307,9 +315,12 @@ class InPlacePaged:
                 moved = self.moved[id(pages)]
                 if not want:  # dense attention reads no summaries
                     moved = {n: moved[n] for n in MOVED[:2]}
-                out[0].index_copy_(0, at, self._step(
-                    ("decode", tuple(which), want), moved,
-                    lambda q: self._run(q, _with_tables(pages, tables), want), query, at))
+                answer = self._step(("decode", tuple(which), want), moved,
+                                    lambda q: self._run(q, _with_tables(pages, tables), want),
+                                    query, at, whole)
+                if whole:
+                    return answer.unsqueeze(0)
+                out[0].index_copy_(0, at, answer)
                 continue
             kv = _with_tables(pages, tables)
             q = self.bridge.array(_rows(query, at))
@@ -317,10 +328,10 @@ class InPlacePaged:
                          else dense_reads(self.backend, q, kv))
             out[0].index_copy_(0, at, self.bridge.tensor(got, query))
             reads.append(read)
-        self.log.selections += sum(sparse)
         if last:  # counted when asked (StepLog.steps), not now: no wait for the GPU in the step
             self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
                          lambda: sum(sum(read()) for read in reads))
+        return out
 
     def _tables(self, which: list[int], rows: list[int], device) -> tuple:
         """(indptr, page ids, last page lengths, lengths) of the decode requests `which` and
@@ -343,24 +354,29 @@ class InPlacePaged:
             return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0]
         return self.backend.attention(q, kv)[0]
 
-    def _step(self, key, moved: dict, run, query=None, at=None):
-        """run(q)'s answer as a torch tensor (None where it answers none), q the decode rows `at`
-        of query: run at the forward's first layer that asks for `key` and, where the backend
-        records, made again at the others with the addresses `moved` (of their K, V,
-        summaries). Two layers' launches differ only there: same tables (the forward's), same
-        shapes."""
+    def _step(self, key, moved: dict, run, query=None, at=None, whole: bool = False):
+        """run(q)'s answer [B, Hq, d] as a torch tensor (None where it answers none), q the
+        decode rows `at` of query: run at the forward's first layer that asks for `key` and,
+        where the backend records, made again at the others with the addresses `moved` (of their
+        K, V, summaries) and of their q. Two layers' launches differ only there: same tables
+        (the forward's), same shapes. A replayed answer is the recording's output, valid until
+        the next layer's call (the loop's output projection reads it first). `whole`: the rows
+        are every row of the call, read in place where they lie as [B, Hq, d] (no copy)."""
         step = self.forward.steps.get(key)
         if step is not None:
-            if step.q is not None:
-                _rows_into(query, at, step.q)
+            if query is not None:
+                moved = {**moved, "q": _query_rows(query, at, step.q, whole)}
             step.replay(**moved)
             return step.out
         q = None if query is None else _rows(query, at)
         if not self.records:
             got = run(None if q is None else self.bridge.array(q))
             return None if got is None else self.bridge.tensor(got, query)
+        if q is not None:  # the copy stays the step's buffer for rows that cannot be read
+            moved = {**moved, "q": _query_rows(query, at, q, whole)}
+            read = query[0].transpose(0, 1) if moved["q"] != q.data_ptr() else q
         with self.backend.recording() as kept:
-            got = run(None if q is None else self.bridge.array(q))
+            got = run(None if q is None else self.bridge.array(read))
         replay = self.backend.replay(kept, moved)
         answer = None if got is None else self.bridge.tensor(got, query)
         self.forward.steps[key] = Step(replay, q, answer)
@@ -379,10 +395,21 @@ def _rows(query, at):
     return query[0].transpose(0, 1).index_select(0, at)
 
 
-def _rows_into(query, at, into) -> None:
-    """_rows into the tensor `into` (no allocation)."""
+def _query_rows(query, at, into, whole: bool) -> int:
+    """The address of the rows `at` of query as one [B, Hq, d]: query's own where they are its
+    every row and lie so (a projection's output viewed [1, Hq, T, d]), else `into`'s, after
+    copying them there."""
     import torch
-    torch.index_select(query[0].transpose(0, 1), 0, at, out=into)
+    rows = query[0].transpose(0, 1)
+    if whole and rows.is_contiguous():
+        return rows.data_ptr()
+    torch.index_select(rows, 0, at, out=into)
+    return into.data_ptr()
+
+
+def _empty_answer(query):
+    """The call's answer [1, T, Hq, d], unset, for query [1, Hq, T, d]."""
+    return query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
 
 
 def _index(rows: list[int], device):
