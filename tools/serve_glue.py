@@ -89,7 +89,8 @@ def main() -> None:
         cache = Cache(batch * pages, torch)
         attention = InPlacePaged(Policy("quest", SIZE, BUDGET, dense_layers=1), backend,
                                  base=None)
-        q = torch.randn(1, Q_HEADS, batch, D, device="cuda").to(torch.bfloat16)
+        # as the projection leaves it: [1, T, Hq, d] viewed [1, Hq, T, d]
+        q = torch.randn(1, batch, Q_HEADS, D, device="cuda").to(torch.bfloat16).transpose(1, 2)
         k = torch.randn(1, KV_HEADS, batch, D, device="cuda").to(torch.bfloat16)
 
         def layer(i):
