@@ -510,6 +510,10 @@ def serve(
              "reference), inplace (the stages reading the loop's own cache blocks in place; "
              "transformers 5.17) or transformers (its own attention, dense: the baseline)")]
         = ServeArgs.engine,
+    rounds: Annotated[int, typer.Option(
+        help="Passes over the (policy, concurrency) grid in one process, the order reversed "
+             "every other pass, so a drift of the machine falls on every policy alike; the "
+             "report shows each setting's median over the passes")] = ServeArgs.rounds,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/serve-<timestamp>/"))] = None,
 ) -> None:
@@ -520,7 +524,7 @@ def serve(
                      output=output, policy=policy, page_size=page_size, budget=budget,
                      dense_layers=dense_layers, concurrency=concurrency, sweep=sweep,
                      num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, seed=seed,
-                     engine=engine)
+                     engine=engine, rounds=rounds)
     target = serve_command(args, out_dir, sys.argv[1:], log=lambda msg: console.out.print(
         msg, highlight=False, markup=False, emoji=False))
     write_report(target)

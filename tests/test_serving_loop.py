@@ -502,3 +502,35 @@ def test_cuda_readings_are_read_after_the_run(monkeypatch):
     assert step["step_ms"] == pytest.approx(21) and step["forward_ms"] == pytest.approx(20)
     assert step["cache_ms"] == pytest.approx(2) and step["attention_ms"] == pytest.approx(6)
     assert step["model_rest_ms"] == pytest.approx(12) and step["python_ms"] == pytest.approx(1)
+
+
+def test_rounds_run_the_grid_back_and_forth_and_the_report_takes_medians(config_json, tmp_path,
+                                                                           on_cpu):
+    """--rounds 3: dense, quest / quest, dense / dense, quest in one process, each run's rows
+    tagged with its round; the report's table has one row per setting, its median over the
+    rounds; --rounds 0 is refused in one line."""
+    from questprof.commands.serve_run import grid
+    from questprof.report.serving import per_setting
+    assert [(r, p) for r, p, _ in grid(["dense", "quest"], [4], 3)] == [
+        (0, "dense"), (0, "quest"), (1, "quest"), (1, "dense"), (2, "dense"), (2, "quest")]
+    out = tmp_path / "out"
+    result = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+                 "--requests", 2, "--output", 3, "--budget", 32, "--dense-layers", 1,
+                 "--rounds", 3, "--out", out)
+    assert result.exit_code == 0, result.output
+    runs = results.load(out)[0].query("stage == 'serve'")
+    assert list(zip(runs["round"], runs["policy"])) == [
+        (0, "dense"), (0, "quest"), (1, "quest"), (1, "dense"), (2, "dense"), (2, "quest")]
+    shown = per_setting(runs)
+    assert list(shown["policy"]) == ["dense", "quest"] and (shown["rounds"] == 3).all()
+    for policy, row in shown.set_index("policy").iterrows():
+        mine = runs[runs["policy"] == policy]
+        assert row["step_ms_mean"] == pytest.approx(mine["step_ms_mean"].median())
+    assert per_setting(runs[runs["round"] == 0])["rounds"].tolist() == [1, 1]
+    html = (out / "report.html").read_text()
+    for table_id in ("serving", "serving-steps"):  # one row per setting in both tables
+        body = html.split(f'<table id="{table_id}">')[1].split("</table>")[0]
+        assert body.count("<tr>") == 1 + 2, table_id
+    bad = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+              "--rounds", 0, "--out", tmp_path / "bad")
+    assert bad.exit_code == 2 and "--rounds 0" in bad.stderr

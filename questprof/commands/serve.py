@@ -44,6 +44,7 @@ def check_counts(args: ServeArgs) -> None:
     for flag, value, low in (("--page-size", args.page_size, 1), ("--requests", args.requests, 1),
                              ("--output", args.output, 1), ("--seed", args.seed, 0),
                              ("--dense-layers", args.dense_layers, 0),
+                             ("--rounds", args.rounds, 1),
                              ("--num-blocks", args.num_blocks, 1),
                              ("--max-batch-tokens", args.max_batch_tokens, 1)):
         if value is not None and value < low:

@@ -27,3 +27,4 @@ class ServeArgs:
     max_batch_tokens: int | None = None  # tokens per forward; None: the longest prompt, <= 8K
     seed: int = 0  # of prompts and random weights
     engine: str = "host"  # host (torch), kernels (stages over a copy), inplace, transformers
+    rounds: int = 1  # passes over the (policy, concurrency) grid, the order reversed every other

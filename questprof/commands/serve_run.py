@@ -130,9 +130,18 @@ def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int, engine: str
             "backend": str(loaded.model.device), "engine": engine, "mode": "per-head"}
 
 
+def grid(policies: list, concurrency: list, rounds: int) -> list[tuple[int, object, int]]:
+    """(round, policy, concurrency) in the order they run: the grid once per round, its order
+    reversed every other round (A B, B A, A B...), so a drift of the machine over the process
+    falls on each setting alike."""
+    once = [(p, c) for p in policies for c in concurrency]
+    return [(r, p, c) for r in range(rounds) for p, c in (once if r % 2 == 0 else once[::-1])]
+
+
 def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command: str,
             log) -> Path:
-    """Every (policy, concurrency) over the mix; rows appended as each run ends."""
+    """Every (policy, concurrency) over the mix, --rounds times (grid); rows appended as each
+    run ends."""
     engine, engine_name = decode_engine(args.engine, log)
     loaded = load_serving_model(args.model, args.seed)
     check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
@@ -143,12 +152,11 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
             "device": loaded.model.device.type,  # where the model ran: cpu, cuda
             "machine": machine_info(), **git_fields()}
     with results.ResultsWriter(target, meta) as writer:
-        for policy in policies:
-            for c in concurrency:
-                log(f"serve {loaded.name}: {policy.name}, {len(requests)} requests, "
-                    f"concurrency {c}")
-                served, steps = serve(loaded.model, requests, policy,
-                                      _settings(args, c, requests), engine)
-                writer.extend(run_rows(_base(args, loaded, policy, c, engine_name), served,
-                                       steps))
+        for r, policy, c in grid(policies, concurrency, args.rounds):
+            log(f"serve {loaded.name}: {policy.name}, {len(requests)} requests, concurrency {c}"
+                + (f", round {r + 1} of {args.rounds}" if args.rounds > 1 else ""))
+            served, steps = serve(loaded.model, requests, policy, _settings(args, c, requests),
+                                  engine)
+            base = {**_base(args, loaded, policy, c, engine_name), "round": r}
+            writer.extend(run_rows(base, served, steps))
     return target

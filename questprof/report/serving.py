@@ -16,12 +16,14 @@ RUN, REQUEST = "serve", "serve-request"
 LEDE = ("A request mix served by transformers' continuous batching with questprof's decode "
         "attention (engine transformers: its own, the baseline), once per policy (dense; quest: Quest's selection in every layer past the "
         "dense ones; hybrid: Quest only for requests longer than the sweep's crossover) and "
-        "concurrency (requests per batch). Output lengths are forced, so every policy does the "
+        "concurrency (requests per batch); run in several rounds (serve --rounds: the order "
+        "reversed every other round), each setting shows its median over them. Output lengths "
+        "are forced, so every policy does the "
         "same work. Per-token latency is the gap between consecutive tokens of a request; "
         "TTFT from a request's arrival to its first token. The table's last columns are the "
         "decode steps' ragged shapes: requests, their pages and the pages read, per step.")
 COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurrency",
-           "requests": "requests",
+           "rounds": "rounds", "requests": "requests",
            "token_p50_ms": "per token p50 ms", "token_p95_ms": "p95 ms",
            "token_p99_ms": "p99 ms", "ttft_p50_ms": "TTFT p50 ms", "ttft_p95_ms": "TTFT p95 ms",
            "tokens_per_s": "tokens/s", "steps": "decode steps",
@@ -43,6 +45,24 @@ STEP_COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurre
                 "model_rest_share": "rest of the model", "python_share": "Python between",
                 "amdahl_limit": "Amdahl limit x", "amdahl_predicted": "Amdahl predicted x",
                 "step_speedup": "measured x"}
+
+
+SETTING = ["policy", "engine", "concurrency"]  # what one run of the grid fixes
+
+
+def per_setting(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per setting: a setting run in several rounds (serve --rounds) as the median of
+    each numeric column over them, their count in `rounds`."""
+    runs = runs.copy()
+    runs["engine"] = runs["engine"].fillna("") if "engine" in runs else ""
+    if "round" not in runs or not runs.duplicated(SETTING).any():
+        return runs.assign(rounds=1)
+    numeric = [c for c in runs.columns if c not in SETTING and c != "round"
+               and pd.api.types.is_numeric_dtype(runs[c])]
+    other = [c for c in runs.columns if c not in SETTING and c not in numeric]
+    groups = runs.groupby(SETTING, sort=True)
+    return pd.concat([groups[numeric].median(), groups[other].first(),
+                      groups.size().rename("rounds")], axis=1).reset_index()
 
 
 def has_rows(df: pd.DataFrame) -> bool:
@@ -121,8 +141,6 @@ def step_section(runs: pd.DataFrame) -> str:
     if runs.empty:
         return ""
     shown = amdahl(runs).sort_values(["policy", "concurrency"])
-    if "engine" not in shown:  # rows from before the engine column
-        shown["engine"] = ""
     for col in tuple(STEP_COLUMNS)[3:]:
         shown[col] = shown[col].map(lambda v: f"{v:.3g}" if pd.notna(v) else "")
     return f"<p>{STEP_LEDE}</p>" + table(shown, STEP_COLUMNS, "serving-steps",
@@ -130,8 +148,9 @@ def step_section(runs: pd.DataFrame) -> str:
 
 
 def section(df: pd.DataFrame) -> str:
-    """The tables, the latency CDF and throughput against concurrency."""
-    runs = df[df["stage"] == RUN]
+    """The tables (a setting's median over rounds), the latency CDF (every round's tokens)
+    and throughput against concurrency."""
+    runs = per_setting(df[df["stage"] == RUN])
     requests = df[(df["stage"] == REQUEST) & df["token_ms"].notna()]
     html = table(_shown(runs), COLUMNS, "serving", numeric=tuple(COLUMNS)[2:])
     html += step_section(runs)
