@@ -51,14 +51,22 @@ def _kwargs(batch, length, torch):
             "read_index": [read]}, pages
 
 
+ROUNDS = 5  # a figure is the median round: one round of a probe moved 2-10x (H200, 2026-12-02)
+
+
 def _per_call_us(run, repeats, torch):
+    """us per call: `repeats` calls then one synchronise (a call costs the larger of its host
+    and GPU time), the median of ROUNDS such rounds."""
     run()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        run()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / repeats * 1e6
+    rounds = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - t0) / repeats * 1e6)
+    return sorted(rounds)[ROUNDS // 2]
 
 
 def main() -> None:
