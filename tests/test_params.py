@@ -77,3 +77,19 @@ def test_top_k_alone_runs_on_page_tables_without_k_and_v():
     assert check_call(kv, scores=scores, budget=(2, 0, 0), cache=False).tags == ()
     with pytest.raises(AttributeError):
         check_call(kv, scores=scores, budget=(2, 0, 0))
+
+
+def test_pointer_offsets_are_every_pointer_field_nested_included():
+    """A replay moves pointers at these offsets: the PagedCache's K and V inside every struct
+    that holds one, each field of type uint64 and nothing else."""
+    for name, dtype in params.STRUCTS.items():
+        found = params.pointer_offsets(dtype)
+        marks = np.zeros(1, dtype)
+        raw = marks.view(np.uint8)
+        for offset in found:
+            raw[offset:offset + 8] = 0xFF
+        pointers = [f for f in dtype.names if dtype.fields[f][0] == np.uint64]
+        assert all(marks[f][0] == np.iinfo(np.uint64).max for f in pointers), name
+        if "cache" in dtype.names:
+            assert marks["cache"]["k"][0] == marks["cache"]["v"][0] == np.iinfo(np.uint64).max
+        assert len(found) == len(pointers) + (7 if "cache" in dtype.names else 0), name

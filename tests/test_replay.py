@@ -45,7 +45,7 @@ def _address(arg) -> int:
 
 def _pointers(arg) -> dict[int, int]:
     raw = arg.view(np.uint8)
-    return {o: int(raw[o:o + 8].view("<u8")[0]) for o, _ in params.pointer_offsets(arg.dtype)}
+    return {o: int(raw[o:o + 8].view("<u8")[0]) for o in params.pointer_offsets(arg.dtype)}
 
 
 STEPS = {  # what one layer of the in-place decode launches

@@ -23,7 +23,7 @@ from questprof.serving.inplace import TORCH_TAGS as TAGS
 from questprof.serving.inplace import InPlacePaged, check_loop
 from questprof.serving.paged_attention import Policy, QuestPaged
 
-SIZE, KV_HEADS, Q_HEADS, D, LAYERS, BLOCKS = 8, 2, 4, 64, 4, 24
+SIZE, KV_HEADS, Q_HEADS, D, LAYERS, BLOCKS = 8, 2, 4, 64, 5, 24
 
 
 class Cache:

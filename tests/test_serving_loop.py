@@ -485,10 +485,10 @@ def test_cuda_readings_are_read_after_the_run(monkeypatch):
         def elapsed_time(self, other):
             return other.ms - self.ms
 
-    clock = StepClock(cuda=True)
+    clock = StepClock(device="cuda:0")
     readings = iter(Event(ms) for ms in (10, 11, 13, 20, 26, 30, 31, 40))
     monkeypatch.setattr(clock, "now", lambda: next(readings))
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     clock.forwards.append(Forward(clock.now(), decode=2))
     t0 = clock.now()
     clock.add("cache", t0, clock.now())

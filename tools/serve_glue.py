@@ -86,7 +86,7 @@ def main() -> None:
 
     from questprof.backends import get_backend
     from questprof.core.layout import AppendPlan
-    from questprof.serving.inplace import InPlacePaged, _with_tables
+    from questprof.serving.inplace import InPlacePaged, with_tables
     from questprof.serving.paged_attention import Policy
 
     backend = get_backend("cupy")
@@ -107,12 +107,12 @@ def main() -> None:
         layer(0)  # the forward's tables and both layers' summaries; then every page's
         layer(1)  # summary, as a prefill leaves them
         for i in (0, 1):
-            kv = attention._pages(Module(i), cache.key_cache[i], cache.value_cache[i])
+            kv, _ = attention._pages(Module(i), cache.key_cache[i], cache.value_cache[i])
             every = np.arange(batch * pages, dtype=np.int32)
             backend.summary(kv, AppendPlan(every, np.zeros_like(every),
                                            np.full_like(every, SIZE)))
         calls = [_per_call_us(lambda: layer(i), args.repeats, torch) for i in (0, 1)]
-        kv = _with_tables(attention._pages(Module(1), cache.key_cache[1], cache.value_cache[1]),
+        kv = with_tables(attention._pages(Module(1), cache.key_cache[1], cache.value_cache[1])[0],
                           attention._tables(list(range(batch)), list(range(batch)), q.device))
         qc = attention.bridge.array(q[0].transpose(0, 1))
         steps = {"quest": lambda: backend.quest(qc, kv, BUDGET // SIZE, "per-head"),

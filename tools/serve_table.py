@@ -1,6 +1,7 @@
 """The per-run rows of `questprof serve` result directories as one short table (policy, engine,
-per-token p50 / p95, TTFT p50, tokens per second, each part's share of the decode steps), then
-the medians of the forwards that ran decode steps only (no prefill chunk beside them).
+concurrency, the round of a --rounds run, per-token p50 / p95, TTFT p50, tokens per second,
+each part's share of the decode steps), then the medians of the forwards that ran decode steps
+only (no prefill chunk beside them).
 
     python tools/serve_table.py DIR [DIR ...]
 """
@@ -25,7 +26,8 @@ def main() -> None:
         df = pd.read_parquet(f"{path}/results.parquet")
         runs.append(df[df["stage"] == "serve"])
         steps.append(df[df["stage"] == "serve-step"])
-    table = pd.concat(runs).reindex(columns=COLUMNS)
+    table = pd.concat(runs)
+    table = table.reindex(columns=COLUMNS[:3] + ["round"] * ("round" in table) + COLUMNS[3:])
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     steps = pd.concat(steps)
     decode = steps[(steps["prefill_tokens"] == 0) & (steps["decode_requests"] > 0)]

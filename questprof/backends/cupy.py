@@ -233,14 +233,18 @@ def quest(q, kv: PagedKV, k_pages: int, mode: str = "per-head", sinks: int = 0, 
 
 
 _COUNTS: dict[tuple[int, str], cupy.ndarray] = {}
+_OUTGROWN: list[cupy.ndarray] = []  # counters a larger call replaced: a replay may hold them
 
 
 def _counts(name: str, size: int) -> cupy.ndarray:
     """Per-device int32 counters `name` (attention's splits done per row): zeroed once and left
     at zero by every launch, so launches on one stream share them (concurrent streams would
-    not)."""
+    not). Outgrown ones are kept, never freed: a recorded launch (backends/replay.py) holds
+    their address."""
     key = (cupy.cuda.Device().id, name)
     if key not in _COUNTS or _COUNTS[key].size < size:  # from the default pool, not a recording's
+        if key in _COUNTS:
+            _OUTGROWN.append(_COUNTS[key])
         with cupy.cuda.using_allocator(cupy.get_default_memory_pool().malloc):
             _COUNTS[key] = cupy.zeros(max(size, 1 << 16), dtype=cupy.int32)
     return _COUNTS[key]

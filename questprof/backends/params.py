@@ -90,14 +90,14 @@ def scale_log2(head_dim: int) -> float:
     return math.log2(math.e) / math.sqrt(head_dim)
 
 
-def pointer_offsets(dtype: np.dtype, base: int = 0) -> list[tuple[int, str]]:
-    """(byte offset, name) of every pointer field of a struct of `dtype`, a nested struct's named
-    'cache.k'; a replay moves pointers at these offsets (backends/replay.py)."""
+def pointer_offsets(dtype: np.dtype, base: int = 0) -> list[int]:
+    """The byte offset of every pointer field of a struct of `dtype`, nested structs' included;
+    a replay moves pointers at these offsets (backends/replay.py)."""
     found = []
     for name in dtype.names:
         field, offset = dtype.fields[name][:2]
         if field.names:
-            found += [(o, f"{name}.{n}") for o, n in pointer_offsets(field, base + offset)]
+            found += pointer_offsets(field, base + offset)
         elif field == _P:
-            found.append((base + offset, name))
+            found.append(base + offset)
     return found

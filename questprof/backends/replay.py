@@ -12,8 +12,15 @@ A recording runs the launches for real. Their temporaries (scores, selections, a
 workspace, outputs) come from a memory pool of the backend's own that only recordings draw
 from, so the addresses the recorded launches hold stay the pool's while the recording lives:
 the next recording may reuse a freed temporary's bytes, which is safe because recordings and
-replays run in order on one stream and each replay's outputs are read (copied out) before the
-next launch. An output a replay writes again is the array the recording returned.
+replays run in order on one stream and every kernel writes its temporaries before it reads
+them. An output a replay writes again is the array the recording returned; its caller reads it
+before the next replay of the same launches (the in-place decode: the layer's output
+projection, queued first on the stream).
+
+One thing a replay trusts and does not check: no call between a recording and its replay
+lowers a kernel's dynamic shared memory attribute below the recorded launch's (estimate and
+top-K set theirs to each call's need; a smaller call of the same kernel in between, which the
+in-place decode does not make, would make the replay's launch fail with the driver's error).
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ def relocations(args: tuple, names: dict[int, str]) -> list[tuple[int, int, str]
     for i, a in enumerate(args):
         if _is_struct(a):
             raw = a.view(np.uint8)
-            for offset, _ in params.pointer_offsets(a.dtype):
+            for offset in params.pointer_offsets(a.dtype):
                 value = int(raw[offset:offset + 8].view("<u8")[0])
                 if value in names:
                     found.append((i, offset, names[value]))
@@ -125,7 +132,6 @@ class Replay:
         found = {name for _, relocs in self.steps for _, _, name in relocs}
         if found != set(moved):
             raise ValueError(f"no recorded launch reads {sorted(set(moved) - found)}")
-        self.names = tuple(moved)
 
     def __call__(self, **addresses: int) -> None:
         for run, relocs in self.steps:

@@ -14,12 +14,12 @@ from questprof.report.html import figure, table
 
 RUN, REQUEST = "serve", "serve-request"
 LEDE = ("A request mix served by transformers' continuous batching with questprof's decode "
-        "attention (engine transformers: its own, the baseline), once per policy (dense; quest: Quest's selection in every layer past the "
-        "dense ones; hybrid: Quest only for requests longer than the sweep's crossover) and "
-        "concurrency (requests per batch); run in several rounds (serve --rounds: the order "
-        "reversed every other round), each setting shows its median over them. Output lengths "
-        "are forced, so every policy does the "
-        "same work. Per-token latency is the gap between consecutive tokens of a request; "
+        "attention (engine transformers: its own, the baseline), once per policy (dense; "
+        "quest: Quest's selection in every layer past the dense ones; hybrid: Quest only for "
+        "requests longer than the sweep's crossover) and concurrency (requests per batch); run "
+        "in several rounds (serve --rounds: the order reversed every other round), each "
+        "setting shows its median over them. Output lengths are forced, so every policy does "
+        "the same work. Per-token latency is the gap between consecutive tokens of a request; "
         "TTFT from a request's arrival to its first token. The table's last columns are the "
         "decode steps' ragged shapes: requests, their pages and the pages read, per step.")
 COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurrency",
@@ -37,8 +37,9 @@ STEP_LEDE = ("Where a decode step's time goes (steps with at least one decode re
              "rest of the model, and the Python between forwards, as shares of the steps' time. "
              "Amdahl: the limit 1 / (1 - attention share); beside dense at the same concurrency, "
              "the step speedup predicted from dense's attention share and the measured speedup "
-                      "of the attention part, and the step speedup measured. Under transformers' own "
-             "attention its time is inside the rest of the model (attention left blank).")
+             "of the attention part, and the step speedup measured (over rounds: from each "
+             "column's median). Under transformers' own attention its time is inside the rest "
+             "of the model (attention left blank).")
 STEP_COLUMNS = {"policy": "policy", "engine": "engine", "concurrency": "concurrency",
                 "step_ms_mean": "decode step ms", "attention_share": "attention",
                 "cache_share": "cache reads/writes", "prefill_share": "prefill chunks",

@@ -21,8 +21,9 @@ other layer makes them again with its own K, V, summary and query pointers (back
 Where one call answers every row of a decode-only forward, the query rows are read where the
 projection left them ([1, T, Hq, d] viewed [1, Hq, T, d]) and the recording's output is the
 layer's answer, valid until the next layer's call (the output projection reads it first); else
-the rows are copied into the recording's query buffer and the answer rows out of its output. Everything the backend does runs on torch's current stream (5.17 runs the forward on a
-stream of its own).
+the rows are copied into the recording's query buffer and the answer rows out of its output.
+Everything the backend does runs on torch's current stream (5.17 runs the forward on a stream
+of its own).
 
 5.24's loop gathers each request's keys before attention and keeps every layer's pages
 interleaved in one tensor, so it cannot be read this way; `check_loop` says so in one line.
@@ -119,11 +120,11 @@ class Forward:
     pages: object  # backend int32 [sum of decode requests' pages]: their page ids in order
     lengths: list[int]
     tables: dict = field(default_factory=dict)
-    steps: dict = field(default_factory=dict)  # what the layers launch alike: see Step
+    recordings: dict = field(default_factory=dict)  # what the layers launch alike: Recording
 
 
 @dataclass
-class Step:
+class Recording:
     """Launches every layer of a forward makes alike, recorded at the first (backends/replay.py)
     and made again at the others over their own cache and summaries: the replay, the torch
     tensor its query rows are copied into (None where it reads none) and the one it answers in."""
@@ -141,8 +142,8 @@ class InPlacePaged:
         self.bridge = Bridge(backend)
         self.backend = backend
         self.summaries: dict[int, object] = {}
-        self.views: dict[tuple, PagedKV] = {}  # _pages: (layer, K and V pointers) -> its view
-        self.moved: dict[int, dict] = {}  # id of a view -> the addresses of its MOVED arrays
+        # _pages: (layer, K and V pointers) -> its view and the addresses of its MOVED arrays
+        self.views: dict[tuple, tuple[PagedKV, dict]] = {}
         self.log = StepLog()
         self.forward: Forward | None = None
         self.records = hasattr(backend, "recording")  # a GPU's: launches recorded, made again
@@ -151,6 +152,8 @@ class InPlacePaged:
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         if "cache" not in kwargs:
             raise ConfigError("--engine inplace: the loop called attention without its cache")
+        if self.forward is None or self.forward.key is not kwargs["write_index"]:
+            self.log.settle()  # the last forward's pages read, outside its timers and this one's
         timer = self.timer
         t0 = timer.now() if timer is not None else None
         k_all, v_all, kc, vc = self._write(module, key, value, kwargs)
@@ -192,11 +195,10 @@ class InPlacePaged:
             self.forward = self._plan(kwargs, group)
         f = self.forward
         out = None if all(f.decode) else _empty_answer(query)
-        pages = self._pages(module, kc, vc)
+        pages, moved = self._pages(module, kc, vc)
         sparse = self.policy.name != "dense" and layer >= self.policy.dense_layers
         if sparse and f.plans[0] is not None:  # the decode tokens' slots, as every layer
-            self._step(("summary",), self.moved[id(pages)],
-                       lambda _: self.backend.summary(pages, f.plans[0]))
+            self._recorded(("summary",), moved, lambda _: self.backend.summary(pages, f.plans[0]))
         for (q0, q1, k0, k1), is_decode in zip(f.spans, f.decode):
             if not is_decode:
                 self._prefill(module, out, query, new_k, new_v, kc, vc, read, mask,
@@ -207,14 +209,12 @@ class InPlacePaged:
             self.timer.batch(sum(f.decode), sum(q1 - q0 for (q0, q1, _, _), dec in
                                                 zip(f.spans, f.decode) if not dec))
         if any(f.decode):
-            out = self._decode(module, out, query, pages, layer)
+            out = self._decode(module, out, query, pages, moved, layer)
         return out, None
 
     def _plan(self, kwargs, group: int) -> Forward:
-        """This forward's spans, summary plans and decode page ids (see Forward); the last
-        forward's pages read counted now that these reads waited for the GPU."""
+        """This forward's spans, summary plans and decode page ids (see Forward)."""
         cu_q = kwargs["cu_seq_lens_q"].tolist()
-        self.log.settle()
         cu_k = _one(kwargs["cu_seq_lens_k"]).tolist()
         spans = [(cu_q[r], cu_q[r + 1], cu_k[r], cu_k[r + 1]) for r in range(len(cu_q) - 1)
                  if cu_q[r + 1] > cu_q[r]]
@@ -243,10 +243,10 @@ class InPlacePaged:
         b = self.backend
         return AppendPlan(b.asarray(plan.page_ids), b.asarray(plan.first), b.asarray(plan.end))
 
-    def _pages(self, module, kc, vc) -> PagedKV:
-        """The layer's cache as an NHD PagedKV, with its summaries and the tables of no request
-        (the summary's; decode subsets get theirs in _tables); made, and the layer checked,
-        once per layer and cache tensor."""
+    def _pages(self, module, kc, vc) -> tuple[PagedKV, dict]:
+        """(the layer's cache as an NHD PagedKV, with its summaries and the tables of no request
+        (the summary's; decode subsets get theirs in _tables), the addresses of its MOVED
+        arrays); made, and the layer checked, once per layer and cache tensor."""
         key = (module.layer_idx, kc.data_ptr(), vc.data_ptr())
         if key not in self.views:
             size, (slots, kv_heads, d) = self.policy.page_size, kc.shape
@@ -261,9 +261,9 @@ class InPlacePaged:
                 np.zeros((slots // size, kv_heads, 2, d), storage_dtype(dtype))))
             k, v = (self.bridge.array(x.view(-1, size, kv_heads, d)) for x in (kc, vc))
             none = self.none
-            view = self.views[key] = PagedKV(k, v, summary, none, none[:0], none[:0], (), size,
-                                             dtype, layout="NHD")
-            self.moved[id(view)] = {n: address(getattr(view, n)) for n in MOVED}
+            view = PagedKV(k, v, summary, none, none[:0], none[:0], (), size, dtype,
+                           layout="NHD")
+            self.views[key] = view, {n: address(getattr(view, n)) for n in MOVED}
         return self.views[key]
 
     def _summarise(self, pages: PagedKV, plan: AppendPlan | None) -> None:
@@ -292,7 +292,7 @@ class InPlacePaged:
         if t0 is not None:
             self.timer.add("base", t0, self.timer.now())
 
-    def _decode(self, module, out, query, pages: PagedKV, layer: int):
+    def _decode(self, module, out, query, pages: PagedKV, moved: dict, layer: int):
         """The call's answer [1, T, Hq, d] with the decode requests' rows (dense and sparse
         subsets, one call each) written into out (None: a decode-only call's). Where one call
         answers every row of a replayed layer, its output is the answer itself (no copy)."""
@@ -303,7 +303,7 @@ class InPlacePaged:
         whole = self.records and not last and out is None and len(set(sparse)) == 1
         if out is None and not whole:
             out = _empty_answer(query)
-        reads = []  # the last layer's callables giving pages read per request
+        counts = []  # the last layer's callables giving pages read per request
         self.log.selections += sum(sparse)
         for want in (True, False):
             which = [i for i, s in enumerate(sparse) if s == want]
@@ -312,25 +312,28 @@ class InPlacePaged:
             tables = self._tables(which, [rows[i] for i in which], query.device)
             at = tables[-1]
             if not last:
-                moved = self.moved[id(pages)]
-                if not want:  # dense attention reads no summaries
-                    moved = {n: moved[n] for n in MOVED[:2]}
-                answer = self._step(("decode", tuple(which), want), moved,
-                                    lambda q: self._run(q, _with_tables(pages, tables), want),
-                                    query, at, whole)
+                mine = moved if want else {n: moved[n] for n in MOVED[:2]}  # dense: no summaries
+                answer = self._recorded(("decode", tuple(which), want), mine,
+                                        lambda q: self._run(q, with_tables(pages, tables), want),
+                                        query, at, whole)
                 if whole:
                     return answer.unsqueeze(0)
                 out[0].index_copy_(0, at, answer)
                 continue
-            kv = _with_tables(pages, tables)
+            kv = with_tables(pages, tables)
             q = self.bridge.array(_rows(query, at))
-            got, read = (sparse_reads(self.backend, q, kv, self.policy.k_pages) if want
-                         else dense_reads(self.backend, q, kv))
+            got, count = (sparse_reads(self.backend, q, kv, self.policy.k_pages) if want
+                          else dense_reads(self.backend, q, kv))
             out[0].index_copy_(0, at, self.bridge.tensor(got, query))
-            reads.append(read)
-        if last:  # counted when asked (StepLog.steps), not now: no wait for the GPU in the step
+            counts.append(count)
+        if last:  # counted at the next forward (__call__), not now: no wait for the GPU here
+            stream = self.bridge.stream()  # the selection's copy on the stream that made it
+
+            def pages_read() -> float:
+                with stream:
+                    return sum(sum(count()) for count in counts)
             self.log.add(len(rows), sum(pages_for(n, self.policy.page_size) for n in f.lengths),
-                         lambda: sum(sum(read()) for read in reads))
+                         pages_read)
         return out
 
     def _tables(self, which: list[int], rows: list[int], device) -> tuple:
@@ -354,7 +357,7 @@ class InPlacePaged:
             return self.backend.quest(q, kv, self.policy.k_pages, "per-head")[0]
         return self.backend.attention(q, kv)[0]
 
-    def _step(self, key, moved: dict, run, query=None, at=None, whole: bool = False):
+    def _recorded(self, key, moved: dict, run, query=None, at=None, whole: bool = False):
         """run(q)'s answer [B, Hq, d] as a torch tensor (None where it answers none), q the
         decode rows `at` of query: run at the forward's first layer that asks for `key` and,
         where the backend records, made again at the others with the addresses `moved` (of their
@@ -362,28 +365,29 @@ class InPlacePaged:
         (the forward's), same shapes. A replayed answer is the recording's output, valid until
         the next layer's call (the loop's output projection reads it first). `whole`: the rows
         are every row of the call, read in place where they lie as [B, Hq, d] (no copy)."""
-        step = self.forward.steps.get(key)
-        if step is not None:
+        done = self.forward.recordings.get(key)
+        if done is not None:
             if query is not None:
-                moved = {**moved, "q": _query_rows(query, at, step.q, whole)}
-            step.replay(**moved)
-            return step.out
-        q = None if query is None else _rows(query, at)
+                moved = {**moved, "q": _query_rows(query, at, done.q, whole)}
+            done.replay(**moved)
+            return done.out
         if not self.records:
-            got = run(None if q is None else self.bridge.array(q))
+            got = run(None if query is None else self.bridge.array(_rows(query, at)))
             return None if got is None else self.bridge.tensor(got, query)
-        if q is not None:  # the copy stays the step's buffer for rows that cannot be read
+        q = source = None
+        if query is not None:  # q: the recording's buffer for rows that cannot be read in place
+            q = query.new_empty(len(at), query.shape[1], query.shape[3])
             moved = {**moved, "q": _query_rows(query, at, q, whole)}
-            read = query[0].transpose(0, 1) if moved["q"] != q.data_ptr() else q
+            source = q if moved["q"] == q.data_ptr() else query[0].transpose(0, 1)
         with self.backend.recording() as kept:
-            got = run(None if q is None else self.bridge.array(read))
+            got = run(None if source is None else self.bridge.array(source))
         replay = self.backend.replay(kept, moved)
         answer = None if got is None else self.bridge.tensor(got, query)
-        self.forward.steps[key] = Step(replay, q, answer)
+        self.forward.recordings[key] = Recording(replay, q, answer)
         return answer
 
 
-def _with_tables(pages: PagedKV, tables: tuple) -> PagedKV:
+def with_tables(pages: PagedKV, tables: tuple) -> PagedKV:
     """The layer's pages with the CSR tables of some decode requests (InPlacePaged._tables)."""
     indptr, ids, last, lens, _ = tables
     return PagedKV(pages.k, pages.v, pages.summary, indptr, ids, last, lens, pages.page_size,

@@ -119,7 +119,7 @@ def serve(model, requests: list[Request], policy: Policy, settings: LoopSettings
     `engine`: paged_attention.HostDecode by default, stages_decode.StagesDecode, or
     inplace.InPlaceDecode, whose attention reads the loop's cache in place)."""
     gen, cb = _configs(settings, max(r.output for r in requests))
-    clock = StepClock(cuda=model.device.type == "cuda")
+    clock = StepClock(model.device if model.device.type == "cuda" else None)
     own = isinstance(engine, OwnAttention)
     if own and policy.name != "dense":
         raise ValueError(f"transformers' own attention is dense: policy {policy.name!r} needs "

@@ -165,20 +165,22 @@ class StepLog:
     parts: list = field(default_factory=list)  # each forward's time by part (step_time.split)
     later: list = field(default_factory=list)  # steps whose pages read are not counted yet
 
-    def add(self, requests: int, active: int, read, t: float | None = None) -> None:
+    def add(self, requests: int, active: int, read) -> None:
         """A step; `read` its pages read, or a callable giving them when first asked (a GPU's
-        selection read back later: a copy now would make the host wait in the step)."""
+        selection read back later: a copy now would make the host wait in the step). One
+        attention function adds one kind, so the steps stay in order."""
         step = {"requests": requests, "active_pages": active, "pages_read": read,
-                "t": time.perf_counter() if t is None else t}
+                "t": time.perf_counter()}
         (self.later if callable(read) else self.done).append(step)
 
     def settle(self) -> None:
         """Count the pages read of the steps added with a callable."""
+        if not self.later:
+            return
         for step in self.later:
             step["pages_read"] = float(step["pages_read"]())
         self.done += self.later
         self.later = []
-        self.done.sort(key=lambda s: s["t"])
 
     @property
     def steps(self) -> list:

@@ -80,9 +80,9 @@ class StagesDecode:
         kv = self.backend.put(head_major(items, page_size, dtype))
         q = np.stack([i.q.float().cpu().numpy() for i in items])
         q = self.backend.asarray(to_storage(q, dtype))
-        out, reads = (sparse_reads(self.backend, q, kv, k_pages) if sparse
+        out, count = (sparse_reads(self.backend, q, kv, k_pages) if sparse
                       else dense_reads(self.backend, q, kv))
-        reads = reads()
+        reads = count()
         host = self.backend.to_host(out)
         values = host.astype(np.float32) if dtype != "bf16" else \
             (host.astype(np.uint32) << 16).view(np.float32)

@@ -59,20 +59,21 @@ class Forward:
 
 
 class StepClock:
-    """The timers of one run (see the module); QuestPaged calls `add` and `batch`. `cuda`: its
-    readings are CUDA events on the current stream, else perf_counter seconds."""
+    """The timers of one run (see the module); QuestPaged calls `add` and `batch`. `device`: a
+    CUDA device, whose current stream its readings are events on; None: perf_counter seconds."""
 
-    def __init__(self, cuda: bool = False) -> None:
+    def __init__(self, device=None) -> None:
         self.forwards: list[Forward] = []
-        self.cuda = cuda
+        self.device = device
+        self.events = device is not None  # readings are events not read yet
 
     def now(self):
         """A reading: seconds, or (CUDA) an event recorded now, seconds once `read`."""
-        if not self.cuda:
+        if not self.events:
             return time.perf_counter()
         import torch
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def add(self, part: str, start, end) -> None:
@@ -83,10 +84,10 @@ class StepClock:
 
     def read(self) -> None:
         """Every reading as seconds (CUDA: after the device finishes, from the first reading)."""
-        if not self.cuda or not self.forwards:
+        if not self.events or not self.forwards:
             return
         import torch
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(self.device)
         first = self.forwards[0].start
         seconds = {}
 
@@ -100,7 +101,7 @@ class StepClock:
         for f in self.forwards:
             f.start, f.end = s(f.start), (s(f.end) if f.end is not None else None)
             f.spans = {p: [(s(a), s(b)) for a, b in v] for p, v in f.spans.items()}
-        self.cuda = False  # read: every reading is seconds now
+        self.events = False  # every reading is seconds now
 
     def batch(self, decode: int, prefill_tokens: int) -> None:
         """The current forward's requests: decodes and prefill tokens (from layer 0)."""
