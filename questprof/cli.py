@@ -498,7 +498,8 @@ def serve(
     sweep: Annotated[Optional[Path], typer.Option(
         help="A sweep's results directory: the crossover hybrid needs")] = ServeArgs.sweep,
     num_blocks: Annotated[Optional[int], typer.Option(help=default(
-        "Cache pages", "enough for every request at once"))] = ServeArgs.num_blocks,
+        "Cache pages", "enough for the --concurrency longest requests at once"))]
+        = ServeArgs.num_blocks,
     max_batch_tokens: Annotated[Optional[int], typer.Option(help=default(
         "Tokens per forward; longer prefills are chunked", "the longest prompt, at most 8192"))]
         = ServeArgs.max_batch_tokens,

@@ -120,8 +120,30 @@ def test_serve_help_states_the_loop_settings_serve_run_applies():
     from questprof.serving.loop import Request
     params = {p.name: p.help for p in typer.main.get_command(app).commands["serve"].params}
     assert f"at most {PREFILL_CHUNK}]" in params["max_batch_tokens"]
-    assert "enough for every request at once]" in params["num_blocks"]
-    requests = [Request((1,) * 20000, 4), Request((1,) * 30, 2)]
+    assert "enough for the --concurrency longest requests at once]" in params["num_blocks"]
+    requests = [Request((1,) * 20000, 4), Request((1,) * 30, 2), Request((1,) * 900, 2)]
     got = _settings(ServeArgs(), 8, requests)
     assert got.max_batch_tokens == PREFILL_CHUNK
     assert got.num_blocks >= sum(-(-(len(r.prompt) + r.output) // 16) for r in requests)
+    one = _settings(ServeArgs(), 1, requests).num_blocks  # the longest alone
+    assert -(-20004 // 16) <= one < -(-20004 // 16) + -(-902 // 16)
+
+
+def test_serve_refuses_a_cache_that_does_not_fit_in_one_line():
+    """Cache pages past 90% of the GPU's free memory: ConfigError naming the GiB and what to
+    lower (transformers' allocation stopped with a traceback); a CPU model is not checked."""
+    import types
+
+    import torch
+    from questprof.commands.serve_run import check_memory
+    from questprof.core.config import ConfigError
+    config = types.SimpleNamespace(hidden_size=4096, num_attention_heads=32,
+                                   num_key_value_heads=8, num_hidden_layers=32, head_dim=None)
+    gpu = types.SimpleNamespace(device=torch.device("cuda", 0), config=config,
+                                dtype=torch.bfloat16)
+    per_page = 16 * 2 * 32 * 8 * 128 * 2  # 16 tokens of K and V, 32 layers, bf16: 2 MiB
+    check_memory(gpu, 1000, 16, free_bytes=int(1000 * per_page / 0.9) + 1)
+    with pytest.raises(ConfigError, match=r"65536 cache pages of 16 tokens take 128\.0 GiB.*"
+                                          r"--num-blocks"):
+        check_memory(gpu, 65536, 16, free_bytes=100 * 2**30)
+    check_memory(types.SimpleNamespace(device=torch.device("cpu")), 10**9, 16, free_bytes=1)

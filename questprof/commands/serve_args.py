@@ -23,7 +23,7 @@ class ServeArgs:
     dense_layers: int = 2  # first layers kept dense
     concurrency: str = "8"  # requests per batch, range syntax
     sweep: Path | None = None  # a sweep's results directory: hybrid's crossover
-    num_blocks: int | None = None  # cache pages; None: every request's at once
+    num_blocks: int | None = None  # cache pages; None: the `concurrency` longest requests
     max_batch_tokens: int | None = None  # tokens per forward; None: the longest prompt, <= 8K
     seed: int = 0  # of prompts and random weights
     engine: str = "host"  # host (torch), kernels (stages over a copy), inplace, transformers

@@ -54,15 +54,39 @@ def check_scaling(engine: str, model) -> None:
 
 
 def _settings(args: ServeArgs, concurrency: int, requests):
-    """The loop's settings: with no --num-blocks, cache pages for every request at once; with
-    no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK (transformers
-    5.24 sizes both from the GPU's memory and, on a CPU, stalls without a word)."""
+    """The loop's settings: with no --num-blocks, cache pages for the `concurrency` longest
+    requests at once (a batch holds no more; transformers queues a request until its pages are
+    free); with no --max-batch-tokens, the longest prompt in one forward up to PREFILL_CHUNK
+    (transformers 5.24 sizes both from the GPU's memory and, on a CPU, stalls without a word)."""
     size = args.page_size
-    blocks = args.num_blocks or sum(-(-(len(r.prompt) + r.output) // size) + 1
-                                    for r in requests) + 8
+    pages = sorted((-(-(len(r.prompt) + r.output) // size) + 1 for r in requests), reverse=True)
+    blocks = args.num_blocks or sum(pages[:concurrency]) + 8
     tokens = args.max_batch_tokens or min(max(len(r.prompt) for r in requests) + concurrency,
                                           PREFILL_CHUNK)
     return LoopSettings(size, concurrency, blocks, tokens)
+
+
+CACHE_SHARE = 0.9  # of the GPU's free memory the cache may take: the rest for activations
+
+
+def check_memory(model, pages: int, page_size: int, free_bytes: int | None = None) -> None:
+    """ConfigError in one line where `pages` cache pages do not fit in the GPU's free memory
+    beside the model (transformers would stop allocating them with a traceback); nothing on a
+    CPU. `free_bytes`: the free memory, asked of the device when None."""
+    if model.device.type != "cuda":
+        return
+    import torch
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim \
+        * model.dtype.itemsize  # K and V of every layer, in the model's dtype
+    need = pages * page_size * per_token
+    free = torch.cuda.mem_get_info(model.device)[0] if free_bytes is None else free_bytes
+    if need > CACHE_SHARE * free:
+        raise ConfigError(f"{pages} cache pages of {page_size} tokens take {need / 2**30:.1f} "
+                          f"GiB, more than {CACHE_SHARE:.0%} of the GPU's "
+                          f"{free / 2**30:.1f} GiB free beside the model: lower --concurrency "
+                          "or --lengths, or give --num-blocks")
 
 
 def _shape_fields(log) -> dict:
@@ -147,6 +171,8 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
     check_scaling(args.engine, loaded.model)
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
+    check_memory(loaded.model, _settings(args, max(concurrency), requests).num_blocks,
+                 args.page_size)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
             "serve": {k: str(v) for k, v in asdict(args).items()},
             "device": loaded.model.device.type,  # where the model ran: cpu, cuda
