@@ -101,8 +101,10 @@ def main() -> None:
         q = torch.randn(1, batch, Q_HEADS, D, device="cuda").to(torch.bfloat16).transpose(1, 2)
         k = torch.randn(1, KV_HEADS, batch, D, device="cuda").to(torch.bfloat16)
 
+        modules = [Module(0), Module(1)]  # the loop's layers exist before its calls
+
         def layer(i):
-            return attention(Module(i), q, k, k, None, cache=cache, **kwargs)
+            return attention(modules[i], q, k, k, None, cache=cache, **kwargs)
 
         layer(0)  # the forward's tables and both layers' summaries; then every page's
         layer(1)  # summary, as a prefill leaves them
