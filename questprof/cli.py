@@ -515,6 +515,9 @@ def serve(
         help="Passes over the (policy, concurrency) grid in one process, the order reversed "
              "every other pass, so a drift of the machine falls on every policy alike; the "
              "report shows each setting's median over the passes")] = ServeArgs.rounds,
+    cuda_graph: Annotated[bool, typer.Option(
+        help="transformers captures its forwards as CUDA graphs (--engine transformers on a "
+             "GPU: questprof's decode plans each forward on the host)")] = ServeArgs.cuda_graph,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help=default(
         "Results directory", "reports/serve-<timestamp>/"))] = None,
 ) -> None:
@@ -525,7 +528,7 @@ def serve(
                      output=output, policy=policy, page_size=page_size, budget=budget,
                      dense_layers=dense_layers, concurrency=concurrency, sweep=sweep,
                      num_blocks=num_blocks, max_batch_tokens=max_batch_tokens, seed=seed,
-                     engine=engine, rounds=rounds)
+                     engine=engine, rounds=rounds, cuda_graph=cuda_graph)
     target = serve_command(args, out_dir, sys.argv[1:], log=lambda msg: console.out.print(
         msg, highlight=False, markup=False, emoji=False))
     write_report(target)

@@ -55,12 +55,12 @@ GIVEN = {
                "1k..8k", "--requests", "3", "--output", "4", "--policy", "quest", "--page-size",
                "32", "--budget", "512", "--dense-layers", "1", "--concurrency", "1,4", "--sweep",
                "sweep-dir", "--num-blocks", "99", "--max-batch-tokens", "512", "--seed", "7",
-               "--engine", "kernels", "--rounds", "3"],
+               "--engine", "kernels", "--rounds", "3", "--cuda-graph"],
               ServeArgs(model="c.json", trace=Path("t.jsonl"), mix="log-uniform",
                         lengths="1k..8k", requests=3, output=4, policy="quest", page_size=32,
                         budget=512, dense_layers=1, concurrency="1,4", sweep=Path("sweep-dir"),
                         num_blocks=99, max_batch_tokens=512, seed=7, engine="kernels",
-                        rounds=3)),
+                        rounds=3, cuda_graph=True)),
 }
 
 

@@ -534,3 +534,20 @@ def test_rounds_run_the_grid_back_and_forth_and_the_report_takes_medians(config_
     bad = run("serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
               "--rounds", 0, "--out", tmp_path / "bad")
     assert bad.exit_code == 2 and "--rounds 0" in bad.stderr
+
+
+def test_cuda_graphs_are_transformers_own_and_need_a_gpu(config_json, tmp_path, on_cpu):
+    """--cuda-graph reaches transformers' config (use_cuda_graph); it is refused in one line
+    for questprof's engines (they plan each forward on the host) and without a GPU."""
+    from questprof.serving.loop import LoopSettings, cb_fields
+
+    def v517(block_size=256, num_blocks=None, max_batch_tokens=None, max_requests_per_batch=None,
+             use_cuda_graph=None):
+        pass
+    assert cb_fields(v517, LoopSettings(16, 8, 64, 256, cuda_graph=True))["use_cuda_graph"]
+    base = ["serve", "--model", config_json, "--mix", "uniform", "--lengths", "20..40",
+            "--requests", 2, "--output", 3, "--policy", "dense", "--cuda-graph"]
+    inplace = run(*base, "--engine", "inplace", "--out", tmp_path / "a")
+    assert inplace.exit_code == 2 and "plans each forward on the host" in inplace.stderr
+    cpu = run(*base, "--engine", "transformers", "--out", tmp_path / "b")
+    assert cpu.exit_code == 2 and "--cuda-graph needs a GPU" in cpu.stderr

@@ -58,6 +58,9 @@ def policies(args: ServeArgs) -> list[Policy]:
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not names or set(names) - set(POLICIES):
         raise ConfigError(f"bad --policy {args.policy!r}: expected some of {', '.join(POLICIES)}")
+    if args.cuda_graph and args.engine != "transformers":
+        raise ConfigError(f"--cuda-graph: transformers' graphs hold its own attention only; "
+                          f"--engine {args.engine} plans each forward on the host")
     if args.engine == "transformers" and set(names) != {"dense"}:
         raise ConfigError("--engine transformers runs transformers' own attention, which is "
                           "dense: use --policy dense (Quest needs host, kernels or inplace)")

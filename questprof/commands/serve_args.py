@@ -28,3 +28,4 @@ class ServeArgs:
     seed: int = 0  # of prompts and random weights
     engine: str = "host"  # host (torch), kernels (stages over a copy), inplace, transformers
     rounds: int = 1  # passes over the (policy, concurrency) grid, the order reversed every other
+    cuda_graph: bool = False  # transformers' CUDA graphs of its forwards (engine transformers)

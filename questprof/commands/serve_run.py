@@ -63,7 +63,7 @@ def _settings(args: ServeArgs, concurrency: int, requests):
     blocks = args.num_blocks or sum(pages[:concurrency]) + 8
     tokens = args.max_batch_tokens or min(max(len(r.prompt) for r in requests) + concurrency,
                                           PREFILL_CHUNK)
-    return LoopSettings(size, concurrency, blocks, tokens)
+    return LoopSettings(size, concurrency, blocks, tokens, args.cuda_graph)
 
 
 CACHE_SHARE = 0.9  # of the GPU's free memory the cache may take: the rest for activations
@@ -150,7 +150,7 @@ def _base(args: ServeArgs, loaded, policy: Policy, concurrency: int, engine: str
             "crossover": policy.crossover if policy.name == "hybrid" else None,
             "layers": cfg.num_hidden_layers, "q_heads": cfg.num_attention_heads,
             "kv_heads": cfg.num_key_value_heads,
-            "impl": "transformers" if engine == "transformers" else "questprof_paged",
+            "impl": "transformers" if engine.startswith("transformers") else "questprof_paged",
             "backend": str(loaded.model.device), "engine": engine, "mode": "per-head"}
 
 
@@ -167,9 +167,12 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     """Every (policy, concurrency) over the mix, --rounds times (grid); rows appended as each
     run ends."""
     engine, engine_name = decode_engine(args.engine, log)
+    engine_name += ":graphs" if args.cuda_graph else ""
     loaded = load_serving_model(args.model, args.seed)
     check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
     check_scaling(args.engine, loaded.model)
+    if args.cuda_graph and loaded.model.device.type != "cuda":
+        raise ConfigError("--cuda-graph needs a GPU: the model runs on the CPU")
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     check_memory(loaded.model, _settings(args, max(concurrency), requests).num_blocks,
                  args.page_size)

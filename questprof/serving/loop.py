@@ -52,18 +52,21 @@ class Served:
 @dataclass(frozen=True)
 class LoopSettings:
     """transformers' continuous batching settings of a run: page (block) size, requests per
-    batch, cache pages (None: transformers sizes it from free memory) and tokens per forward
-    (None: transformers'; a prefill longer than it is chunked)."""
+    batch, cache pages (None: transformers sizes it from free memory), tokens per forward
+    (None: transformers'; a prefill longer than it is chunked) and whether transformers
+    captures its forwards as CUDA graphs (its own attention only: questprof's decode plans each
+    forward on the host)."""
 
     page_size: int
     concurrency: int
     num_blocks: int | None = None
     max_batch_tokens: int | None = None
+    cuda_graph: bool = False
 
 
 def _configs(settings: LoopSettings, longest_output: int):
-    """(GenerationConfig, ContinuousBatchingConfig): greedy, no end-of-sequence token, no
-    CUDA graphs (questprof's decode chooses pages on the host) and no switch to flash."""
+    """(GenerationConfig, ContinuousBatchingConfig): greedy, no end-of-sequence token, CUDA
+    graphs as the settings say and no switch to flash."""
     from transformers import GenerationConfig
     from transformers.generation import ContinuousBatchingConfig
     gen = GenerationConfig(do_sample=False, max_new_tokens=longest_output, eos_token_id=-1,
@@ -78,7 +81,7 @@ def cb_fields(config_class, settings: LoopSettings) -> dict:
     names = set(inspect.signature(config_class).parameters)
     want = {"page_size" if "page_size" in names else "block_size": settings.page_size,
             "num_blocks": settings.num_blocks, "max_batch_tokens": settings.max_batch_tokens,
-            "max_requests_per_batch": settings.concurrency, "use_cuda_graph": False,
+            "max_requests_per_batch": settings.concurrency, "use_cuda_graph": settings.cuda_graph,
             "auto_switch_to_flash": False, "allow_block_sharing": False}
     return {k: v for k, v in want.items() if k in names}
 
