@@ -551,3 +551,20 @@ def test_cuda_graphs_are_transformers_own_and_need_a_gpu(config_json, tmp_path, 
     assert inplace.exit_code == 2 and "plans each forward on the host" in inplace.stderr
     cpu = run(*base, "--engine", "transformers", "--out", tmp_path / "b")
     assert cpu.exit_code == 2 and "--cuda-graph needs a GPU" in cpu.stderr
+
+
+def test_the_kernels_refuse_a_cache_they_do_not_read_before_any_run():
+    """An fp32 model under the in-place decode or the CuPy stages: one line before the loop
+    starts (it came from inside transformers' loop as a traceback); NumPy's stages take it."""
+    import types
+
+    import torch
+    from questprof.commands.serve_run import check_dtype
+    from questprof.core.config import ConfigError
+    fp32, bf16 = (types.SimpleNamespace(dtype=d) for d in (torch.float32, torch.bfloat16))
+    for engine in ("inplace:numpy", "inplace:cupy", "kernels:cupy"):
+        with pytest.raises(ConfigError, match=r"fp16 and bf16 .* torch\.float32"):
+            check_dtype(engine, fp32)
+        check_dtype(engine, bf16)
+    for engine in ("kernels:numpy", "host", "transformers", "transformers:graphs"):
+        check_dtype(engine, fp32)

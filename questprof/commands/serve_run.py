@@ -13,7 +13,7 @@ from questprof.backends import get_backend
 from questprof.commands.serve_args import ServeArgs
 from questprof.core.config import ConfigError
 from questprof.core.machine import git_fields, machine_info
-from questprof.serving.inplace import InPlaceDecode, check_loop
+from questprof.serving.inplace import TORCH_TAGS, InPlaceDecode, check_loop
 from questprof.serving.latency import summarize, token_gaps_ms
 from questprof.serving.loop import LoopSettings, OwnAttention, serve
 from questprof.serving.models import load_serving_model, requests_for
@@ -51,6 +51,18 @@ def check_scaling(engine: str, model) -> None:
         if scaling is not None and d and abs(float(scaling) * d ** 0.5 - 1) > 1e-6:
             raise ConfigError(f"--engine {engine}: questprof's stages scale scores by "
                               f"1/sqrt({d}); this model's attention by {float(scaling):.6g}")
+
+
+def check_dtype(engine_name: str, model) -> None:
+    """ConfigError in one line, before any run, where the kernels would decode a model whose
+    cache they do not read: the in-place decode and the CuPy stages take fp16 and bf16 (the
+    refusal came from inside transformers' loop, as its traceback)."""
+    if not (engine_name.startswith("inplace") or engine_name.endswith(":cupy")):
+        return
+    if str(model.dtype) not in TORCH_TAGS:
+        raise ConfigError(f"--engine {engine_name.split(':')[0]} decodes fp16 and bf16 caches "
+                          f"with the kernels; this model is {model.dtype}: give a config with "
+                          "torch_dtype float16 or bfloat16")
 
 
 def _settings(args: ServeArgs, concurrency: int, requests):
@@ -171,6 +183,7 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     loaded = load_serving_model(args.model, args.seed)
     check_fits(args, policies, specs, int(loaded.model.config.num_hidden_layers))
     check_scaling(args.engine, loaded.model)
+    check_dtype(engine_name, loaded.model)
     if args.cuda_graph and loaded.model.device.type != "cuda":
         raise ConfigError("--cuda-graph needs a GPU: the model runs on the CPU")
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
