@@ -89,12 +89,17 @@ def test_a_replay_launches_what_a_fresh_call_launches(dry, layout, step):
             assert (got.view(np.uint8)[mask] == want.view(np.uint8)[mask]).all()
 
 
-def test_a_replay_refuses_a_pointer_no_launch_reads(dry):
-    ops, _ = dry
+def _recorded_attention(ops, layout: str, seed: int):
+    """(backend, kv, q, the launches of one dense attention recorded)."""
     backend = ops.CupyBackend(pdl=False)
-    kv, _, q = _layers("NHD", 5)
+    kv, _, q = _layers(layout, seed)
     with backend.recording() as kept:
         backend.attention(q, kv)
+    return backend, kv, q, kept
+
+
+def test_a_replay_refuses_a_pointer_no_launch_reads(dry):
+    backend, kv, _, kept = _recorded_attention(dry[0], "NHD", 5)
     with pytest.raises(ValueError, match="summary"):  # dense attention reads no summaries
         backend.replay(kept, _addresses(kv))
     with pytest.raises(ValueError, match="distinct"):
@@ -104,10 +109,7 @@ def test_a_replay_refuses_a_pointer_no_launch_reads(dry):
 def test_the_recording_ends_with_its_block(dry):
     """Launches after the block are not kept, and the backend launches as before."""
     ops, stub = dry
-    backend = ops.CupyBackend(pdl=False)
-    kv, _, q = _layers("HND", 3)
-    with backend.recording() as kept:
-        backend.attention(q, kv)
+    backend, kv, q, kept = _recorded_attention(ops, "HND", 3)
     backend.quest(q, kv, 4)
     assert len(kept) == 1 and kept[0].stage == "attention" and not kept[0].pdl
     assert [x[0].split("<")[0] for x in stub.LAUNCHES[-3:]] == [

@@ -86,9 +86,8 @@ def relocations(args: tuple, names: dict[int, str]) -> list[tuple[int, int, str]
     found = []
     for i, a in enumerate(args):
         if _is_struct(a):
-            raw = a.view(np.uint8)
             for offset in params.pointer_offsets(a.dtype):
-                value = int(raw[offset:offset + 8].view("<u8")[0])
+                (value,) = struct.unpack_from("<Q", a, offset)
                 if value in names:
                     found.append((i, offset, names[value]))
         elif hasattr(a, "data") and not isinstance(a, np.generic):
@@ -107,10 +106,8 @@ class Called:
         self.args = [_bytes_of(a) if _is_struct(a) else a for a in launch.args]
 
     def move(self, arg: int, offset: int, address: int) -> None:
-        a = self.args[arg]
-        if _is_struct(a):
-            a.view(np.uint8)[offset:offset + 8] = np.frombuffer(struct.pack("<Q", address),
-                                                                np.uint8)
+        if _is_struct(self.args[arg]):
+            struct.pack_into("<Q", self.args[arg], offset, address)
         else:  # a pointer beside the struct: passed as its 8-byte value
             self.args[arg] = np.uint64(address)
 

@@ -153,7 +153,8 @@ class InPlacePaged:
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         if "cache" not in kwargs:
             raise ConfigError("--engine inplace: the loop called attention without its cache")
-        if self.forward is None or self.forward.key is not kwargs["write_index"]:
+        fresh = self.forward is None or self.forward.key is not kwargs["write_index"]
+        if fresh:
             self.log.settle()  # the last forward's pages read, outside its timers and this one's
             self.stream = self.bridge.stream()  # per layer, torch's stream query was 30 us of
             # a 200 us call under cProfile (H200, 2026-12-02, 7221bb5)
@@ -165,7 +166,7 @@ class InPlacePaged:
             timer.add("cache", t0, t1)
         try:  # every backend array and launch on torch's stream (5.17's forward has its own)
             with self.stream:
-                return self._call(module, query, k_all, v_all, kc, vc, attention_mask,
+                return self._call(module, query, k_all, v_all, kc, vc, attention_mask, fresh,
                                   **kwargs)
         finally:
             if timer is not None:
@@ -191,10 +192,11 @@ class InPlacePaged:
         kwargs["_group"] = group
         return new_k, new_v, kc, vc
 
-    def _call(self, module, query, new_k, new_v, kc, vc, mask, **kwargs):
+    def _call(self, module, query, new_k, new_v, kc, vc, mask, fresh: bool, **kwargs):
+        """The call after its keys and values are written; `fresh`: the first of a forward."""
         layer, group = module.layer_idx, kwargs.pop("_group")
         read = kwargs["read_index"][group]
-        if self.forward is None or self.forward.key is not kwargs["write_index"]:
+        if fresh:
             self.forward = self._plan(kwargs, group)
         f = self.forward
         out = None if all(f.decode) else _empty_answer(query)
