@@ -258,14 +258,14 @@ template <typename X, typename Y> struct Pick<false, X, Y> { using type = Y; };
 // upper 8 tokens of A are zero and B's upper rows repeat the lower ones (finite values, times 0).
 //
 // E4M3 caches (KV = e4m3) keep their codes in the ring; the fp16 tensor cores read them through
-// ldmatrix as 16-bit pairs, and e4m3x4_units turns 4 codes into two f16x2 of their values x 2^-8
+// ldmatrix as 16-bit pairs, and e4m3x4_f16 turns 4 codes into two f16x2 of their values
 // (exact). K: a lane holds dims 4c .. 4c+3 of its token in a 16-dim piece (c = l % 4) and gives
 // the mma dims (4c, 4c+2) as k 2c, 2c+1 and (4c+1, 4c+3) as k 8+2c, 9+2c; q's A fragments are
 // gathered in the same order, so the dot product is the same sum. V (.trans): a lane holds
 // tokens 2c, 2c+1 at dims 2g, 2g+1 of a piece (g = l / 4); dims 2g and 2g+1 feed two output
 // tiles, the even one holding dims 4c and 4c+2 in the lane's columns, the odd one 4c+1 and 4c+3.
 // q (fp16 or bf16) enters as fp16 (bf16 keeps its 8 bits; saturated at +-65504); the scale of the
-// scores carries k_scale x 2^8, the warps' combine v_scale x 2^8 (attention.cu).
+// scores carries k_scale, the warps' combine v_scale (attention.cu).
 template <typename T, typename KV, int D, int G>
 struct MmaTile : Ring<KV, D, G, true> {
   using R = Ring<KV, D, G, true>;
@@ -351,7 +351,7 @@ struct MmaTile : Ring<KV, D, G, true> {
 #pragma unroll
       for (int m4 = 0; m4 < 4; ++m4) {
         uint32_t lo, hi;
-        e4m3x4_units(b[m4], lo, hi);
+        e4m3x4_f16(b[m4], lo, hi);
         Mma<MT>::run(s, a_frag(kc * 4 + m4).r, lo, hi);
       }
     }
@@ -362,7 +362,7 @@ struct MmaTile : Ring<KV, D, G, true> {
 #pragma unroll
       for (int m4 = 0; m4 < REST; ++m4) {
         uint32_t lo, hi;
-        e4m3x4_units(b[m4], lo, hi);
+        e4m3x4_f16(b[m4], lo, hi);
         Mma<MT>::run(s, a_frag(KS / 4 * 4 + m4).r, lo, hi);
       }
     }
@@ -377,7 +377,7 @@ struct MmaTile : Ring<KV, D, G, true> {
       uint32_t b[4], e[4], o[4];
       ldmatrix_x4<true>(b, vbuf + slot(row, 2 * cp + lane / 16));
 #pragma unroll
-      for (int i = 0; i < 4; ++i) e4m3x4_units(b[i], e[i], o[i]);
+      for (int i = 0; i < 4; ++i) e4m3x4_f16(b[i], e[i], o[i]);
       Mma<MT>::run(acc[4 * cp], a, e[0], e[1]);
       Mma<MT>::run(acc[4 * cp + 1], a, o[0], o[1]);
       Mma<MT>::run(acc[4 * cp + 2], a, e[2], e[3]);
@@ -386,8 +386,8 @@ struct MmaTile : Ring<KV, D, G, true> {
     if constexpr (KS % 2) {
       uint32_t b[2], e[2], o[2];
       ldmatrix_x2<true>(b, vbuf + slot(row, KS - 1));
-      e4m3x4_units(b[0], e[0], o[0]);
-      e4m3x4_units(b[1], e[1], o[1]);
+      e4m3x4_f16(b[0], e[0], o[0]);
+      e4m3x4_f16(b[1], e[1], o[1]);
       Mma<MT>::run(acc[ND - 2], a, e[0], e[1]);
       Mma<MT>::run(acc[ND - 1], a, o[0], o[1]);
     }

@@ -16,9 +16,9 @@
 // its columns of k-steps 2j and 2j + 1; B (q' = [q-, q+] of head g) takes the same chunks of q'.
 // No shared memory and no shuffle: a tile is D / 8 independent 16-byte loads per lane.
 //
-// E4M3 summaries: 8 codes per chunk (8-byte loads), widened exactly to fp16 in units of 2^-8 by
-// e4m3x4_units, which pairs codes (0, 2) and (1, 3): B takes q' in that order, and the score is
-// multiplied by k_scale x 2^8 after the product. bf16 queries over fp16 or E4M3 summaries enter
+// E4M3 summaries: 8 codes per chunk (8-byte loads), widened exactly to fp16 by e4m3x4_f16,
+// which pairs codes (0, 2) and (1, 3): B takes q' in that order, and the score is multiplied by
+// k_scale after the product. bf16 queries over fp16 or E4M3 summaries enter
 // the fp16 tensor cores as q x 2^s, s per q head so that its largest value lies in [2^14, 2^15):
 // exact for every value within 2^-28 of that head's largest (smaller ones add less than fp32
 // rounding of the sum), and the score is multiplied by 2^-s. bf16 over bf16 runs bf16 mma.
@@ -52,8 +52,8 @@ template <> struct Chunk<e4m3> {
   static QP_DEVICE raw zero() { return make_uint2(0u, 0u); }
   static QP_DEVICE uint4 regs(const raw& v) {
     uint4 r;
-    e4m3x4_units(v.x, r.x, r.y);
-    e4m3x4_units(v.y, r.z, r.w);
+    e4m3x4_f16(v.x, r.x, r.y);
+    e4m3x4_f16(v.y, r.z, r.w);
     return r;
   }
 };
@@ -113,7 +113,7 @@ struct EstimateArgs {
 // per tile (sign split, order, bf16 to scaled fp16) made their estimate ALU-bound (H200, 128K B8:
 // 0.46 -> 0.52 of the read ceiling staged). Staged, the 16-bit builds were slower (Qwen2.5-7B
 // 128K B8 37.9 -> 40.5 us, MHA 32K 11.9 -> 12.3 us). col_scale turns a column's product into
-// its score: 2^-s, times k_scale x 2^8 for E4M3.
+// its score: 2^-s, times k_scale for E4M3.
 template <typename T, typename TS, int D, int NT, int BOXES>
 struct QHeads {
   using OP = typename EstOperand<T, TS>::type;
@@ -352,7 +352,7 @@ QP_DEVICE void score_unit(const uint16_t* __restrict__ q, const word_t<TS>* __re
       const int head0 = ch * size, nq = min(size, args.group - head0);
       const int key = chunks > 1 ? -1 : b * args.kv_heads + h;
       if (key < 0 || key != heads_key) {
-        const float unit = is_e4m3<TS> ? __ldg(args.k_scale + h) * E4M3_UNIT : 1.f;
+        const float unit = is_e4m3<TS> ? __ldg(args.k_scale + h) : 1.f;
         qs.init(q + ((size_t)(b * args.kv_heads + h) * args.group + head0) * D, nq, unit, lane);
       }
       heads_key = key;

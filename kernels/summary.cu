@@ -18,8 +18,8 @@
 // Value of one E4M3 code as a float (exact).
 QP_DEVICE float e4m3_value(uint32_t code) {
   uint32_t b02, b13;
-  e4m3x4_units(code, b02, b13);
-  return Storage<fp16>::to_float(b02 & 0xffffu) * E4M3_UNIT;
+  e4m3x4_f16(code, b02, b13);
+  return Storage<fp16>::to_float(b02 & 0xffffu);
 }
 
 // x rounded to E4M3 toward -inf (UP false) or +inf, as a float on the E4M3 grid (saturating at
@@ -89,7 +89,7 @@ QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restri
       for (int j = 0; j < VEC; ++j) { lo[j] = fminf(lo[j], x[j]); hi[j] = fmaxf(hi[j], x[j]); }
     }
     if constexpr (!SAME && is_e4m3<K>) {  // fp16 over E4M3: scale, round outward
-      const double scale = (double)k_scale[h] * E4M3_UNIT;
+      const double scale = (double)k_scale[h];
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
         lo[j] = Storage<fp16>::to_float(f16_outward<false>(lo[j] * scale));
@@ -97,11 +97,11 @@ QP_DEVICE void summary_run(const word_t<K>* __restrict__ k, word_t<TS>* __restri
       }
     }
     if constexpr (!SAME && !is_e4m3<K>) {  // E4M3 over fp16 / bf16 (quest-fp8): codes of
-      const double scale = (double)k_scale[h];  // key / scale rounded outward, in 2^-8 units
+      const double scale = (double)k_scale[h];  // key / scale rounded outward
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        lo[j] = e4m3_outward<false>(lo[j] / scale) / E4M3_UNIT;
-        hi[j] = e4m3_outward<true>(hi[j] / scale) / E4M3_UNIT;
+        lo[j] = e4m3_outward<false>(lo[j] / scale);
+        hi[j] = e4m3_outward<true>(hi[j] / scale);
       }
     }
     if (!SAME && slots.merge) {  // merge the rounded box into the stored one
