@@ -142,3 +142,21 @@ def test_a_model_run_ends_with_its_phase_table(tmp_path):
     assert all(float(line.split()[1]) >= 0 for line in table[1:])
     df = results.load(out)[0]
     assert len(df[df["layer"].isna() & df["step"].isna()]) == 4  # 2 page sizes x 2 budgets
+
+
+def test_without_plotly_fidelity_keeps_its_rows_and_says_so_in_one_line(tmp_path, monkeypatch):
+    """A machine without plotly (the H200 image): the fidelity run writes its rows and budgets
+    and warns that report.html is not drawn, where its budgets table's module imported plotly
+    (through report/html.py) and the run ended in ModuleNotFoundError after its rows."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "questprof.report" or
+                 m.startswith(("questprof.report.", "plotly"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "plotly", None)
+    out = tmp_path / "run"
+    result = run("--source", "synthetic", "--scenario", "smoke", "--lengths", "1k",
+                 "--steps", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "plotly is not installed" in result.stderr
+    assert results.read_rows(out) and not (out / "report.html").exists()

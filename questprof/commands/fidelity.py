@@ -25,6 +25,7 @@ from questprof.core.scenarios import load_scenario
 from questprof.core.selectors import check_page_sizes, parse_list
 from questprof.fidelity.evaluate import FidelityGrid
 from questprof.fidelity.runner import PROMPTS, Request, SOURCES, fidelity_rows
+from questprof.report.budgets import all_dense_line, per_layer, saving_line
 from questprof.results import ResultsWriter, append_rows, load, now
 
 DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k", "multikey": "2k",
@@ -245,7 +246,6 @@ def write_budgets(out_dir: Path, min_recall: float, log=print) -> Path | None:
     """budgets.toml in out_dir from its fidelity rows (report.budgets), said in one line; None
     when the rows hold no Quest fidelity to build it from, or when every layer of the table
     would stay dense (said instead: timed, it is dense attention under Quest's name)."""
-    from questprof.report.budgets import all_dense_line, per_layer, saving_line
     got = per_layer(load(out_dir)[0], min_recall)
     if got is None:
         return None

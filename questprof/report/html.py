@@ -1,4 +1,6 @@
-"""HTML pieces of the report: the page (CSS, plotly.js inlined once), tables, figure divs, meta."""
+"""HTML pieces of the report: the page (CSS, plotly.js inlined once), tables, figure divs, meta.
+Loads without plotly (a fidelity run's budgets table is HTML too); page() imports it to inline
+plotly.js."""
 
 from __future__ import annotations
 
@@ -6,8 +8,6 @@ import html
 import json
 
 import pandas as pd
-import plotly.graph_objects as go
-import plotly.offline
 
 CSS = """
 body { font: 15px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f;
@@ -57,8 +57,8 @@ def table(rows: pd.DataFrame, columns: dict, table_id: str = "", numeric=(),
     return f"<table{ident}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def figure(fig: go.Figure, name: str) -> str:
-    """One figure as a div with id 'fig-<name>' and its script; plotly.js comes once from the
+def figure(fig, name: str) -> str:
+    """One figure (a plotly Figure) as a div with id 'fig-<name>' and its script; plotly.js comes once from the
     page head. The prefix keeps figure ids apart from section anchors: Plotly.newPlot draws into
     whatever getElementById returns, and a section named 'roofline' would swallow the plot."""
     div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"fig-{name}",
@@ -68,8 +68,11 @@ def figure(fig: go.Figure, name: str) -> str:
 
 def page(title: str, body: str, with_plotly: bool) -> str:
     """The whole document: CSS and (when there are figures) plotly.js inlined, no external asset."""
-    script = f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>" \
-        if with_plotly else ""
+    script = ""
+    if with_plotly:
+        import plotly.offline
+
+        script = f"<script type=\"text/javascript\">{plotly.offline.get_plotlyjs()}</script>"
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)}</title><style>{CSS}</style>{script}</head>"
             f"<body>{body}</body></html>\n")
