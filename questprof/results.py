@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from questprof.core import model, tier
+from questprof.core.config import ConfigError
 from questprof.core.stages import ROW_STAGES
 
 ROWS = "rows.jsonl"
@@ -147,6 +148,8 @@ class ResultsWriter:
 
     def __init__(self, out_dir, meta: dict | None = None) -> None:
         self.dir = Path(out_dir)
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ConfigError(f"--out {self.dir}: a file, not a results directory")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.meta = dict(meta or {})
         if not (self.dir / ROWS).is_file() and (self.dir / PARQUET).is_file():
@@ -206,18 +209,52 @@ def append_rows(out_dir, rows: list[dict], **meta) -> None:
         writer.extend(rows)
 
 
+def _damaged(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"{path} is damaged ({why}): not a results directory questprof wrote; "
+                       "start a new run with another --out")
+
+
+def _file_or_none(path: Path) -> Path | None:
+    """path when it is a file, None when absent; a folder in its place is damage."""
+    if path.exists() and not path.is_file():
+        raise _damaged(path, "a folder where a file belongs")
+    return path if path.exists() else None
+
+
 def read_rows(out_dir) -> list[dict]:
-    """Rows of rows.jsonl; a torn last line (a crash mid-write) is dropped."""
-    path = Path(out_dir) / ROWS
-    if not path.is_file():
+    """Rows of rows.jsonl; a torn line (a crash mid-write) is dropped. ConfigError for a file that
+    is not rows (bytes that are not UTF-8, a line that is JSON but not an object)."""
+    path = _file_or_none(Path(out_dir) / ROWS)
+    if path is None:
         return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise _damaged(path, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if not isinstance(row, dict):
+            raise _damaged(path, f"line {number} is {type(row).__name__}, not a row")
+        rows.append(row)
     return rows
+
+
+def read_meta(out_dir) -> dict:
+    """meta.json of a results directory ({} when absent); ConfigError when it is not an object."""
+    path = _file_or_none(Path(out_dir) / META)
+    if path is None:
+        return {}
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _damaged(path, f"not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise _damaged(path, f"{type(meta).__name__}, not an object")
+    return meta
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -234,7 +271,11 @@ def write_parquet(out_dir) -> Path:
     """Rewrite out_dir/results.parquet from rows.jsonl; returns its path."""
     path = Path(out_dir) / PARQUET
     tmp = path.with_name(path.name + ".tmp")
-    frame(read_rows(out_dir)).to_parquet(tmp, index=False)
+    try:
+        frame(read_rows(out_dir)).to_parquet(tmp, index=False)
+    except (TypeError, ValueError) as exc:  # pyarrow's ArrowTypeError / ArrowInvalid among them
+        tmp.unlink(missing_ok=True)
+        raise _damaged(Path(out_dir) / ROWS, f"rows of mixed types: {exc}") from None
     os.replace(tmp, path)
     return path
 
@@ -244,13 +285,26 @@ def load(out_dir) -> tuple[pd.DataFrame, dict]:
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
         raise FileNotFoundError(f"results directory {out_dir} not found")
-    meta_path = out_dir / META
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-    if (out_dir / ROWS).is_file():
-        return frame(read_rows(out_dir)), meta
+    meta = read_meta(out_dir)
+    if _file_or_none(out_dir / ROWS):
+        return _numeric(frame(read_rows(out_dir)), out_dir / ROWS), meta
     if (out_dir / PARQUET).is_file():
         return pd.read_parquet(out_dir / PARQUET), meta
     raise FileNotFoundError(f"{out_dir} holds no {ROWS} nor {PARQUET}: not a results directory")
+
+
+NUMERIC = ("length", "batch", "page_size", "budget", "median_ms", "p20_ms", "p80_ms", "p95_ms")
+
+
+def _numeric(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """df when its numeric columns hold numbers (or nothing); ConfigError naming the first that
+    holds text, which every reader of the rows would trip over later."""
+    for col in NUMERIC:
+        if col in df.columns and df[col].dtype == object:
+            bad = df[col].map(lambda v: v is not None and not isinstance(v, (int, float)))
+            if bad.any():
+                raise _damaged(path, f"{col} {df[col][bad].iloc[0]!r} is not a number")
+    return df
 
 
 def done_keys(out_dir) -> set[tuple[str, str, str]]:

@@ -3,6 +3,7 @@
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -65,6 +66,8 @@ BAD_INPUTS = [
     ["--backend", "tpu"],
     ["--layers", "0"],
     ["--repeats", "0"],
+    ["--lengths", "100000000000000000000000"],  # reached pyarrow's int64 as a traceback
+    ["--budget", "4294967296"],
 ]
 
 
@@ -72,6 +75,25 @@ BAD_INPUTS = [
 def test_bad_input_is_one_line_and_status_2(args, tmp_path):
     assert_one_line_error(run("sweep", "--scenario", "smoke", "--out", tmp_path / "o", *args))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", "99999999999999999999"])
+def test_a_scenario_seed_numpy_cannot_take_is_one_line(seed, tmp_path):
+    """A negative seed failed in NumPy's generator, one past int64 in pyarrow, as tracebacks."""
+    text = (Path(__file__).parent.parent / "scenarios" / "smoke.toml").read_text()
+    path = tmp_path / "s.toml"
+    path.write_text(text.replace("seed = 0", f"seed = {seed}", 1))
+    said = assert_one_line_error(run("sweep", "--scenario", path, "--backend", "numpy",
+                                     "--out", tmp_path / "o", *FAST))
+    assert "grid.seed" in said
+
+
+@pytest.mark.parametrize("command", [
+    ["fidelity", "--source", "synthetic", "--scenario", "smoke", "--lengths", "1k"],
+    ["reuse"], ["serve"]])
+def test_a_negative_seed_is_one_line(command, tmp_path):
+    assert "--seed" in assert_one_line_error(run(*command, "--seed", "-1",
+                                                 "--out", tmp_path / "o"))
 
 
 def test_unknown_scenario(tmp_path):
@@ -332,3 +354,73 @@ def test_version_and_the_page_size_help_from_the_built_table():
     assert result.exit_code == 0 and result.stdout.startswith(f"questprof {__version__}")
     flat = re.sub(r"[│\s]+", " ", run("sweep", "--help").stdout)  # Rich wraps help in a box
     assert f"Page sizes in tokens: {', '.join(map(str, PAGE_SIZES))} " in flat
+
+
+DAMAGE = {  # a results directory's file -> what a user (or a crash, or a sync tool) left there
+    "meta not JSON": ("meta.json", b"{bad"),
+    "meta a list": ("meta.json", b"[]"),
+    "a row a list": ("rows.jsonl", b'[1, 2]\n'),
+    "rows not UTF-8": ("rows.jsonl", b'{"stage": "dense"}\n\xff\xfe\n'),
+    "a time as text": ("rows.jsonl", b'{"stage": "dense", "median_ms": "fast"}\n'),
+    "meta a folder": ("meta.json", None),
+}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--backend", "numpy",
+                 "--out", out, *FAST)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_damaged_results_directory_is_one_line_for_report_compare_and_resume(
+        damage, smoke_run, tmp_path):
+    """Report, compare and --resume over a results directory whose meta.json or rows.jsonl is
+    not what questprof wrote: one line naming the file, where each was a traceback (JSON,
+    pyarrow, pandas or IsADirectoryError from deep inside)."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(smoke_run, bad)
+    name, content = DAMAGE[damage]
+    (bad / name).unlink()
+    if content is None:
+        (bad / name).mkdir()
+    elif name == "rows.jsonl":
+        (bad / name).write_bytes((smoke_run / name).read_bytes() + content)
+    else:
+        (bad / name).write_bytes(content)
+    for args in (("report", bad), ("compare", smoke_run, bad), ("sweep", "--resume", bad)):
+        assert name in assert_one_line_error(run(*args)), args
+
+
+def test_a_resume_without_the_first_runs_arguments_is_refused(smoke_run, tmp_path):
+    """meta.json lost: --resume ran the default scenario's whole grid into the directory (its
+    rows mixed with the smoke run's); now it refuses, and the rows stay as they were."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(smoke_run, bad)
+    (bad / "meta.json").unlink()
+    before = (bad / "rows.jsonl").read_bytes()
+    assert "no sweep's arguments" in assert_one_line_error(run("sweep", "--resume", bad))
+    assert (bad / "rows.jsonl").read_bytes() == before
+
+
+def test_out_naming_a_file_is_one_line(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--backend", "numpy",
+                 "--out", path, *FAST)
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    said = result.stderr.strip().splitlines()[-1]  # after the CPU banner, the run's one error
+    assert said.startswith("error: ") and "a file, not a results directory" in said
+    assert path.read_text() == "mine"
+
+
+def test_reuse_refuses_negative_dense_layers_as_serve_and_fidelity_do(tmp_path):
+    said = assert_one_line_error(run("reuse", "--dense-layers", "-1", "--out", tmp_path / "o"))
+    assert "--dense-layers -1" in said

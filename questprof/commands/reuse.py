@@ -19,7 +19,8 @@ from pathlib import Path
 from questprof.backends import get_backend
 from questprof.commands.reuse_args import ReuseArgs
 from questprof.core import reuse_trace
-from questprof.core.config import Config, ConfigError, ModelShape, check_modes, parse_sizes
+from questprof.core.config import (Config, ConfigError, ModelShape, check_modes, parse_sizes,
+                                   validate_seed)
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.model import k_pages
 from questprof.core.tier import tier_bytes
@@ -35,6 +36,9 @@ CAPACITY_FACTORS = (1, 2, 4)  # C = K, 2K, 4K pages when --hbm-pages is not give
 
 def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
     """(S, budget, mode, capacities) to measure; ConfigError for bad input, in one line."""
+    validate_seed(args.seed, "--seed")
+    if args.dense_layers is not None and args.dense_layers < 0:
+        raise ConfigError(f"--dense-layers {args.dense_layers}: expected 0 or more")
     if args.steps < 2:
         raise ConfigError(f"--steps {args.steps}: reuse needs at least 2 decode steps")
     if args.prompts < 1:

@@ -108,8 +108,10 @@ def resolve_args(resume: Path | None, given: SweepArgs,
     from questprof import results
 
     saved = results.load(resume)[1].get("args")
-    if saved is None:  # a directory of no sweep, or of one older than its args in meta.json
-        return given
+    if not isinstance(saved, dict):  # a directory of no sweep, or meta.json lost: resumed as
+        raise ConfigError(         # given, its rows would mix with another scenario's
+            f"--resume {resume}: its meta.json holds no sweep's arguments, so the run cannot be "
+            "continued as it was started; start a new run with another --out")
     first = SweepArgs.from_meta(saved)
     checked = [n for n in first.as_dict() if n in given.given and n not in RESUME_FREE]
     held = _meaning(first) if checked else None

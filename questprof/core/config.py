@@ -83,7 +83,20 @@ def parse_sizes(text: str, what: str = "lengths") -> list[int]:
         values.update(_item(item.strip(), what))
     if min(values) < 1:
         raise ConfigError(f"bad {what} {text!r}: values must be at least 1")
+    if max(values) > MAX_SIZE:  # 10^23 reached pyarrow's int64 and NumPy's shapes as a traceback
+        raise ConfigError(f"bad {what} {text!r}: values must be at most {MAX_SIZE:,}")
     return sorted(values)
+
+
+MAX_SIZE = 2**31 - 1  # a length, batch, page size or budget: far past any memory, within int32
+MAX_SEED = 2**63 - 1  # NumPy takes seeds >= 0; rows store them as int64
+
+
+def validate_seed(seed: int, what: str = "seed") -> int:
+    """The seed if NumPy and the rows can hold it (0 <= seed < 2^63)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"{what} {seed!r}: a seed is a whole number from 0 to 2^63 - 1")
+    return seed
 
 
 def validate_page_size(page_size: int) -> int:

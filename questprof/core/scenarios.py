@@ -16,7 +16,7 @@ from pathlib import Path
 from questprof import SCENARIOS_DIR
 from questprof.core.config import (DTYPE_ALIASES, DTYPES, Config, ConfigError, ModelShape,
                                    TIER_DEFAULTS, check_modes, parse_sizes, validate_budget,
-                                   validate_page_size)
+                                   validate_page_size, validate_seed)
 from questprof.core.fp8 import E4M3
 from questprof.core.hf_config import config_path, shape_fields
 from questprof.core.sharding import tensor_parallel
@@ -223,7 +223,7 @@ def _parse_scenario(data: dict, path: Path, options: ShapeOptions) -> Scenario:
                     page_sizes=_sizes(g["page_sizes"], "grid.page_sizes", where),
                     budgets=_sizes(g["budgets"], "grid.budgets", where),
                     modes=check_modes(scalars.get("modes", ["per-head"])),
-                    seed=scalars.get("seed", 0),
+                    seed=validate_seed(scalars.get("seed", 0), "grid.seed"),
                     **{k: scalars.get(k, v) for k, v in TIER_DEFAULTS.items()})
     except ConfigError as exc:
         message = str(exc)
