@@ -113,6 +113,24 @@ def test_trace_and_named_mixes(tmp_path):
     json.dumps([s.__dict__ for s in mix])  # rows can carry them
 
 
+
+@pytest.mark.parametrize("line, said", [
+    ('{"prompt": 64.5, "output": 2}', "whole numbers"),
+    ('{"prompt": "64", "output": 2}', "whole numbers"),
+    ('{"prompt": true, "output": 2}', "whole numbers"),
+    ('{"prompt": 64, "output": 2, "arrival": "soon"}', "whole numbers"),
+    ('{"prompt": 64, "output": 2, "arrival": 1e308}', "arrival 0 to 86,400 s"),
+    ('{"prompt": 100000000000000000000000, "output": 2}', "1 to 16,777,216 tokens"),
+    ('{"prompt": 64, "output": 0}', "1 to 16,777,216 tokens"),
+])
+def test_a_trace_line_holds_whole_token_counts_and_a_sane_arrival(tmp_path, line, said):
+    """64.5, "64" and true were rounded or cast into requests; an arrival of 1e308 s overflowed
+    the feeder thread's sleep and the run waited for ever; 10^23 tokens failed inside NumPy."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(ConfigError, match=said):
+        read_trace(path)
+
 def test_longbench_mix_draws_the_published_task_lengths():
     """Each request is one task's published average (words x tokens per word), tasks drawn in
     proportion to their samples; --lengths keeps the tasks inside it, or says none is left."""

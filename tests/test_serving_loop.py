@@ -304,6 +304,7 @@ def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path
     (["--mix", "longbench", "--lengths", "100..200"], "no task's average length"),
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
+    (["--mix", "uniform", "--lengths", "64", "--model", "GGUF"], "cannot be loaded"),  # struct
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "transformers"], "--policy dense"),
     (["--mix", "uniform", "--lengths", "64", "--page-size", "0"], "--page-size 0: expected"),
@@ -318,7 +319,10 @@ def test_bad_input_is_one_line(config_json, tmp_path, flags, said):
     bad.write_text('{"prompt": 8, "output": 2}\nnot json\n')
     broken = tmp_path / "config.json"
     broken.write_text(json.dumps({"model_type": "no-such-architecture"}))
-    flags = [str(bad) if f == "BAD" else str(broken) if f == "BROKEN" else f for f in flags]
+    garbage = tmp_path / "m.gguf"
+    garbage.write_bytes(b"GGUFgarbage")  # its reader's struct.error was a traceback
+    paths = {"BAD": bad, "BROKEN": broken, "GGUF": garbage}
+    flags = [str(paths.get(f, f)) for f in flags]
     if "--model" not in flags:
         flags += ["--model", str(config_json)]
     result = run("serve", *flags, "--out", tmp_path / "o")

@@ -15,6 +15,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+from questprof.core.config import ConfigError
 from questprof.serving.inplace import InPlaceDecode
 from questprof.serving.paged_attention import Policy, QuestPaged, StepLog, bound
 from questprof.serving.step_time import StepClock, step_parts
@@ -97,7 +98,8 @@ def _feed(manager, requests: list[Request], start: float) -> None:
 
 
 def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list[Served]:
-    """Each request's result as it finishes; RuntimeError naming the first that failed."""
+    """Each request's result as it finishes; ConfigError naming the first that the loop refused,
+    RuntimeError when the loop itself stopped."""
     got: dict[int, Served] = {}
     while len(got) < len(requests):
         feeding = feeder.is_alive()  # asked before the wait: a request may arrive during it
@@ -108,8 +110,9 @@ def _collect(manager, requests: list[Request], feeder: threading.Thread) -> list
             why = manager.background_thread_status.fatal_error
             raise RuntimeError(f"transformers' loop returned {len(got)} of {len(requests)} "
                                f"requests and then stopped: {why!r}") from why
-        if result.error:
-            raise RuntimeError(f"request {result.request_id}: {result.error}")
+        if result.error:  # transformers refused it (a request past the cache's memory)
+            raise ConfigError(f"request {result.request_id}: transformers' loop refused it: "
+                              f"{str(result.error).splitlines()[0]}")
         i = int(result.request_id)
         got[i] = Served(i, len(requests[i].prompt), tuple(result.generated_tokens),
                         float(result.created_time), tuple(result.timestamps or ()))

@@ -57,18 +57,28 @@ class Spec:
     arrival: float = 0.0
 
 
+MAX_TOKENS = 2**24  # a request's prompt or output: past any model's context, and numpy's sizes
+MAX_ARRIVAL_S = 86_400.0  # a day: a later arrival is a typo (1e308 overflowed the feeder's sleep)
+
+
 def _spec(line: str, where: str) -> Spec:
-    """One trace line as a Spec; ConfigError naming the line."""
+    """One trace line as a Spec; ConfigError naming the line. Token counts are JSON integers
+    (64.5, "64" and true are refused, not rounded), arrival a number of seconds."""
     try:
         data = json.loads(line)
-        spec = Spec(int(data["prompt"]), int(data["output"]), float(data.get("arrival", 0.0)))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        prompt, output, arrival = data["prompt"], data["output"], data.get("arrival", 0.0)
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{where}: not a request ({type(exc).__name__}: {exc}); expected "
                           '{"prompt": tokens, "output": tokens, "arrival": seconds}') from None
-    if spec.prompt < 1 or spec.output < 1 or not math.isfinite(spec.arrival) or spec.arrival < 0:
-        raise ConfigError(f"{where}: prompt and output must be at least 1 token and arrival "
-                          "a time >= 0")
-    return spec
+    tokens = [v for v in (prompt, output) if isinstance(v, int) and not isinstance(v, bool)]
+    if len(tokens) < 2 or isinstance(arrival, bool) or not isinstance(arrival, (int, float)):
+        raise ConfigError(f"{where}: prompt and output must be whole numbers of tokens and "
+                          f"arrival a number of seconds, got {prompt!r}, {output!r}, {arrival!r}")
+    if not (1 <= prompt <= MAX_TOKENS and 1 <= output <= MAX_TOKENS) or not (
+            math.isfinite(arrival) and 0 <= arrival <= MAX_ARRIVAL_S):
+        raise ConfigError(f"{where}: prompt and output must be 1 to {MAX_TOKENS:,} tokens and "
+                          f"arrival 0 to {MAX_ARRIVAL_S:,.0f} s, got {prompt}, {output}, {arrival}")
+    return Spec(prompt, output, float(arrival))
 
 
 def read_trace(path) -> list[Spec]:
