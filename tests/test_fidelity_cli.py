@@ -160,3 +160,15 @@ def test_without_plotly_fidelity_keeps_its_rows_and_says_so_in_one_line(tmp_path
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output and "plotly is not installed" in result.stderr
     assert results.read_rows(out) and not (out / "report.html").exists()
+
+
+def test_a_synthetic_length_past_free_memory_is_one_line(tmp_path, monkeypatch):
+    """--lengths 10m on the CPU machine was killed by the kernel (exit 137, no word); now the
+    capture's size is weighed against free host memory first."""
+    from questprof.commands import fidelity
+
+    monkeypatch.setattr(fidelity, "host_free_bytes", lambda: 2**30)
+    result = run("--source", "synthetic", "--scenario", "smoke", "--lengths", "2k,10m",
+                 "--out", tmp_path / "run")
+    assert_one_line_error(result, "GiB of host memory, 1.0 GiB is free")
+    assert not (tmp_path / "run").exists()

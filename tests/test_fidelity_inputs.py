@@ -113,6 +113,25 @@ def test_a_capture_file_with_nan_queries_is_one_line_naming_the_tensor(tmp_path)
     assert not (tmp_path / "x").exists()
 
 
+
+@pytest.mark.parametrize("key, value, said", [
+    ("scaling", "nan", "scaling 'nan' is not a positive number"),
+    ("info", "{bad", "unreadable metadata"),
+])
+def test_a_capture_with_bad_metadata_is_one_line(tmp_path, key, value, said):
+    """A NaN scaling gave rows of status ok with null metrics; info that is not JSON was a
+    JSONDecodeError traceback."""
+    safetensors = pytest.importorskip("safetensors")
+    from safetensors.numpy import save_file
+
+    from questprof.fidelity.capture import save_capture
+    path = save_capture(tmp_path / "c.safetensors", _capture(np.random.default_rng(3)))
+    with safetensors.safe_open(str(path), framework="numpy") as f:
+        meta, tensors = f.metadata(), {n: f.get_tensor(n) for n in f.keys()}
+    save_file(tensors, str(path), metadata={**meta, key: value})
+    line = one_line_error(run("--source", "cache", path, "--out", tmp_path / "x"))
+    assert said in line and str(path) in line, line
+
 @pytest.mark.parametrize("layer,tensor", [(0, "key"), (1, "value"), (1, "query")])
 def test_check_names_the_first_tensor_with_inf_or_nan(layer, tensor):
     cap = _capture(np.random.default_rng(layer))

@@ -116,6 +116,15 @@ def test_a_trace_file_round_trips_and_is_checked_against_the_shape(tmp_path):
         reuse_trace.check(back, [4096], S, 16, 2)
     with pytest.raises(ValueError, match="is not a reuse trace"):
         reuse_trace.load(tmp_path / "missing.npz")
+    for name, content in (("empty", b""), ("garbage", b"PK\x03\x04garbage")):
+        path = tmp_path / f"{name}.npz"  # EOFError (click's bare "Aborted."), BadZipFile
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match="is not a reuse trace"):
+            reuse_trace.load(path)
+    np.savez(tmp_path / "nan.npz", sel=np.array([[[[0.0, np.nan]]]]), lengths=[2048],
+             page_size=S)
+    with pytest.raises(ValueError, match="NaN"):
+        reuse_trace.load(tmp_path / "nan.npz")
 
 
 def _pool(rng, lengths, dtype="fp16"):

@@ -18,7 +18,8 @@ from questprof.backends import get_backend, gpu_unavailable_reason
 from questprof.commands.fidelity_args import FidelityArgs
 from questprof.commands.fidelity_time import announce
 from questprof.core.budgets import write_table
-from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
+from questprof.core.config import (ConfigError, parse_sizes, validate_budget, validate_page_size,
+                                   validate_seed)
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.reference import MODES
 from questprof.core.scenarios import load_scenario
@@ -27,6 +28,7 @@ from questprof.fidelity.evaluate import FidelityGrid
 from questprof.fidelity.runner import PROMPTS, Request, SOURCES, fidelity_rows
 from questprof.report.budgets import all_dense_line, per_layer, saving_line
 from questprof.results import ResultsWriter, append_rows, load, now
+from questprof.workload.pools import host_free_bytes
 
 DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k", "multikey": "2k",
                    "aggregate": "2k"}
@@ -99,6 +101,7 @@ def make_request(args: FidelityArgs):
     source, model = args.source, args.model or "smollm2"
     if source not in SOURCES:
         raise ConfigError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+    validate_seed(args.seed, "--seed")
     if args.steps < 1:
         raise ConfigError(f"--steps {args.steps} must be at least 1")
     if args.prompts is not None and args.prompts < 1:
@@ -108,6 +111,8 @@ def make_request(args: FidelityArgs):
                           "questprof fidelity --source cache FILE.safetensors")
     _needs(source, model)
     sizes = parse_sizes(args.lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
+    if source == "synthetic":
+        _check_synthetic_memory(args.scenario or "smoke", max(sizes))
     chosen = _depths(args.depths) if args.depths else ()
     count = len(chosen) if chosen else (args.prompts or PROMPTS)
     grid = _grid(args.page_size, args.budget, args.mode, args.dtype, args.selector)
@@ -116,6 +121,21 @@ def make_request(args: FidelityArgs):
                    task=args.task, seed=args.seed, scenario=args.scenario or "smoke",
                    model=model, cache_path=str(args.cache or ""), prompts=count,
                    forced=args.teacher_forced)
+
+
+SYNTHETIC_COPIES = 4  # K and V as drawn and as float32, and the metrics' work on them
+
+
+def _check_synthetic_memory(scenario: str, length: int) -> None:
+    """ConfigError when a synthetic capture of `length` tokens cannot fit in free host memory
+    (10M tokens was killed by the kernel with no word, its finished rows kept)."""
+    shape = load_scenario(scenario).model
+    need = SYNTHETIC_COPIES * 2 * 4 * shape.layers * shape.kv_heads * length * shape.head_dim
+    free = host_free_bytes()
+    if free is not None and need > free:
+        raise ConfigError(f"--lengths up to {length:,}: a synthetic capture of {scenario} needs "
+                          f"about {need / 2**30:,.1f} GiB of host memory, {free / 2**30:,.1f} "
+                          "GiB is free")
 
 
 def _depths(text: str) -> tuple[float, ...]:

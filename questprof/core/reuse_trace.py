@@ -12,6 +12,7 @@ Replays wrap around: step T follows step T - 1 (the miss rate of a replay counts
 
 from __future__ import annotations
 
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,9 +98,13 @@ def load(path) -> Trace:
     """A trace saved by `save`; ValueError in one line for a file that is not one."""
     try:
         with np.load(path) as f:
-            return Trace(f["sel"].astype(np.int32), tuple(int(n) for n in f["lengths"]),
+            sel = f["sel"]
+            if sel.dtype.kind == "f" and not np.isfinite(sel).all():
+                raise ValueError("sel holds NaN or infinity")
+            return Trace(sel.astype(np.int32), tuple(int(n) for n in f["lengths"]),
                          int(f["page_size"]))
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError:
+        # an empty file, which click turned into a bare "Aborted."
         raise ValueError(f"{path} is not a reuse trace (.npz of sel, lengths, page_size): "
                          f"{exc}") from None
 

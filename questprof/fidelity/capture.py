@@ -8,6 +8,7 @@ Shapes: queries [layers, steps, Hq, d]; keys, values [layers, Hkv, length, d]; f
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,7 +153,13 @@ def _assemble(arrays, meta: dict, path) -> Capture:
     if q.ndim == 3:  # one decode step stored as [Hq, d]
         q = q[:, None]
     d = _meta_int(meta, "head_dim", path)
-    scaling = float(meta.get("scaling", d ** -0.5))
-    info = json.loads(meta.get("info", "{}"))
+    try:
+        scaling = float(meta.get("scaling", d ** -0.5))
+        info = json.loads(meta.get("info", "{}"))
+    except (ValueError, TypeError) as exc:  # json's JSONDecodeError is a ValueError
+        raise ConfigError(f"{path}: unreadable metadata ({exc})") from None
+    if not (math.isfinite(scaling) and scaling > 0):  # NaN reached every metric as null
+        raise ConfigError(f"{path}: metadata scaling {meta.get('scaling')!r} is not a positive "
+                          "number")
     return Capture(q, k, v, scaling, meta.get("model", path.stem), meta.get("source", "cache"),
                    info).check(f"{path}: capture")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,7 +145,7 @@ def load_model(spec: str, seed: int = 0) -> LoadedModel:
         raise ConfigError(f"model {path}: expected a .gguf file or a transformers folder")
     try:
         model, tokenizer = _from_path(path)
-    except (ValueError, OSError, KeyError, RuntimeError) as exc:
+    except (ValueError, OSError, KeyError, RuntimeError, struct.error) as exc:  # struct: gguf's
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"model {path} cannot be loaded by transformers: {first}") from None
     context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
