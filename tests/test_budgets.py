@@ -168,3 +168,18 @@ def test_the_sweep_refuses_an_all_dense_table_in_one_line(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: budget table") and "keeps every layer dense" in line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("--page-size", "32"), ("--budget", "512"),
+                                         ("--mode", "shared-mean")])
+def test_a_flag_the_table_sets_otherwise_is_refused(tmp_path, flag, value):
+    """The table sets the page size, the largest budget and the mode: a flag saying otherwise
+    was dropped in silence (the rows showed the table's S 16)."""
+    budgets = tuple([None] + [32] * (_smoke_layers() - 1))
+    path = write_table(BudgetTable(budgets, 16), tmp_path / "budgets.toml")
+    result = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--backend", "numpy",
+                                      "--lengths", "1k", "--budgets-file", str(path), flag, value,
+                                      "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert f"{flag} {value}: budget table" in result.stderr and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()

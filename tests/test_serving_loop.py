@@ -305,6 +305,7 @@ def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path
     (["--mix", "uniform", "--lengths", "64", "--policy", "hybrid"], "--sweep"),
     (["--mix", "uniform", "--lengths", "64", "--model", "BROKEN"], "cannot be loaded"),
     (["--mix", "uniform", "--lengths", "64", "--model", "GGUF"], "cannot be loaded"),  # struct
+    (["--mix", "uniform", "--lengths", "64", "--trace", "BAD"], "give one source"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "transformers"], "--policy dense"),
     (["--mix", "uniform", "--lengths", "64", "--page-size", "0"], "--page-size 0: expected"),

@@ -77,6 +77,8 @@ def policies(args: ServeArgs) -> list[Policy]:
 def mix_specs(args: ServeArgs):
     """The requests' lengths: the trace, else the named mix."""
     if args.trace is not None:
+        if args.mix is not None:  # the trace was used and --mix (its --requests) ignored
+            raise ConfigError(f"--trace and --mix {args.mix}: give one source of requests")
         return read_trace(args.trace)
     if args.mix is None:
         raise ConfigError("no requests: give --trace FILE or --mix uniform|log-uniform|longbench")

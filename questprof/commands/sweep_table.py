@@ -31,8 +31,13 @@ def apply_table(args, layers: int):
         raise ConfigError(f"budget table {args.budgets_file} keeps every layer dense: there is "
                           "no Quest step to time (the sweep's dense rows are that attention); "
                           "give a table with a sparse layer")
-    return replace(args, page_size=str(table.page_size), budget=str(table.largest),
-                   mode=table.mode), table
+    held = {"page_size": str(table.page_size), "budget": str(table.largest), "mode": table.mode}
+    for name, value in held.items():  # a flag the table overrides was dropped in silence
+        if name in getattr(args, "given", ()) and str(getattr(args, name)) != value:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: budget table "
+                              f"{args.budgets_file} sets {name.replace('_', ' ')} {value}; "
+                              "leave the flag out")
+    return replace(args, **held), table
 
 
 def pass_layers(layers: int, table: BudgetTable | None) -> int:
