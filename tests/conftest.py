@@ -102,3 +102,17 @@ def make_case(rng, lengths, page_size, kv_heads, head_dim, dtype, **kwargs):
                              full_plan(kv))
     kv.summary[...] = to_storage(summ, dtype)
     return kv
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """A finished smoke sweep (NumPy) at 2k and 4k, budget 256: its results directory."""
+    from typer.testing import CliRunner
+
+    from questprof.cli import app
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    first = CliRunner().invoke(app, ["sweep", "--scenario", "smoke", "--lengths", "2k,4k",
+                                     "--budget", "256", "--out", str(out), "--repeats", "2",
+                                     "--warmup", "0", "--backend", "numpy"])
+    assert first.exit_code == 0, first.output
+    return out

@@ -366,15 +366,6 @@ DAMAGE = {  # a results directory's file -> what a user (or a crash, or a sync t
 }
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    result = run("sweep", "--scenario", "smoke", "--lengths", "2k", "--backend", "numpy",
-                 "--out", out, *FAST)
-    assert result.exit_code == 0, result.output
-    return out
-
-
 @pytest.mark.parametrize("damage", DAMAGE)
 def test_a_damaged_results_directory_is_one_line_for_report_compare_and_resume(
         damage, smoke_run, tmp_path):

@@ -111,16 +111,6 @@ def test_an_old_style_args_dict_still_resumes(tmp_path, monkeypatch):
     assert list(args) == META_KEYS and args["scenario"] == "smoke" and args["repeats"] == 2
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """A finished smoke run at 2k and 4k, budget 256."""
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    first = run("sweep", "--scenario", "smoke", "--lengths", "2k,4k", "--budget", "256",
-                "--out", out, *FAST)
-    assert first.exit_code == 0, first.output
-    return out
-
-
 @pytest.mark.parametrize("args, said", [
     (["--scenario", "llama3-8b", "--lengths", "2k"], "--scenario llama3-8b: {out} holds a "
      "sweep of smoke"),
