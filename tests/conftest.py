@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import os
 import sys
+import tempfile
 import types
 import zlib
 from pathlib import Path
@@ -52,6 +56,45 @@ def torch_on_one_thread():
     if importlib.util.find_spec("torch") is not None:
         import torch
         torch.set_num_threads(1)
+
+
+# Under pytest-xdist (`-n N` on a GPU machine) a test marked `counters` reads device-wide
+# hardware counters (CUPTI's profiler, PCIe bytes) that another worker's kernels, copies or
+# CUPTI session would disturb: it holds this lock alone, every other GPU test holds it shared.
+# On the H200 on 2026-12-02 the link tests failed under -n 14 with CUPTI's ERROR_HARDWARE_BUSY
+# (another worker's sweep held the profiler) and, once, a link count 4% off.
+DEVICE_LOCK = Path(tempfile.gettempdir()) / "questprof-tests-device.lock"
+
+
+@contextlib.contextmanager
+def holding_device(exclusive: bool):
+    """The device lock, alone or shared, where pytest-xdist runs workers; else nothing."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with open(DEVICE_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def gpu_shares_the_device(request):
+    """Every GPU test not marked `counters` runs while no counters test does."""
+    item = request.node
+    shared = "gpu" in item.keywords and "counters" not in item.keywords
+    with holding_device(exclusive=False) if shared else contextlib.nullcontext():
+        yield
+
+
+@pytest.fixture(scope="module")
+def device_alone():
+    """The device to this module alone (its fixtures and tests) among pytest-xdist's workers;
+    modules marked `counters` request it first."""
+    with holding_device(exclusive=True):
+        yield
 
 
 @pytest.fixture(scope="session")

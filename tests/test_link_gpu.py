@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.gpu
+# counters: no other GPU test runs beside these under pytest-xdist (tests/conftest.py).
+pytestmark = [pytest.mark.gpu, pytest.mark.counters, pytest.mark.usefixtures("device_alone")]
 ROOT = Path(__file__).resolve().parent.parent
 CASE = ["--scenario", "llama3-8b", "--lengths", "16k", "--batch", "1", "--page-size", "16",
         "--budget", "1024", "--mode", "shared-mean,per-head"]
@@ -40,7 +41,7 @@ def test_a_zero_copy_read_of_known_size_counts_within_2_percent():
 
 
 @pytest.fixture(scope="module")
-def host_check(tmp_path_factory) -> dict:
+def host_check(device_alone, tmp_path_factory) -> dict:
     """`questprof bytes --check-formula --kv-tier host` on llama3-8b 16K, its --json."""
     path = tmp_path_factory.mktemp("link") / "check.json"
     got = fresh("-m", "questprof", "bytes", "--check-formula", *CASE, "--kv-tier", "host",

@@ -55,6 +55,21 @@ def test_ties_go_to_lower_positions(gpu, rng):
     _check(gpu, scores, lengths, 256)
 
 
+@pytest.mark.parametrize("copies", [1, 3, 100])
+def test_ties_at_the_kth_score(gpu, rng, copies):
+    """Random rows whose K-th largest score is copied to `copies` spread positions: the range
+    select's last bin holds one key value several times, and its ties go to the lower positions."""
+    lengths, k_pages = [16 * 8192, 16 * 2048 - 5, 16 * 5000 + 1], 128
+    indptr = np.concatenate([[0], np.cumsum([-(-n // 16) for n in lengths])])
+    scores = rng.standard_normal((3, indptr[-1]), dtype=np.float32)
+    for h in range(3):
+        for b in range(len(lengths)):
+            row = scores[h, indptr[b]:indptr[b + 1] - 1]  # the tail page is always in
+            kth = np.sort(row)[-(k_pages - 1)]
+            row[rng.choice(row.size, copies, replace=False)] = kth
+    _check(gpu, scores, lengths, k_pages)
+
+
 @pytest.mark.parametrize("sinks,window", [(1, 0), (4, 8), (2, 1), (0, 31)])
 def test_sinks_and_window_count_in_budget(gpu, rng, sinks, window):
     lengths = [16 * 500, 16 * 40 - 3, 16 * 33]
