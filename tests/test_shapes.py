@@ -124,8 +124,8 @@ def test_tuning_choices(gpu, rng, monkeypatch, g, tune):
 
 
 # (q heads per KV head, queries, FP8 cache, QP_TUNE, CTAs per SM the launch plans for 5 dense
-# rows of 38 pages): 1 for tiles >= FEW_ROW_TILE (16) over a 16-bit cache (d1ee607: tile 4 keeps
-# 2; 2b5e07e: tile 8 too), 1 wherever a deep ring leaves room for only one.
+# rows of 38 pages): 1 for tile 16 over a 16-bit cache (variants.FEW_ROW_SPLITS; d1ee607: tile 4
+# keeps 2; tile 8 too for 5 rows), 1 wherever a deep ring leaves room for only one.
 FEW_ROWS = [(4, "fp16", False, "", 2), (7, "bf16", False, "", 2), (16, "bf16", False, "", 1),
             (16, "bf16", False, "stages=4", 1),
             (8, "fp16", False, "stages=6", 1), (4, "bf16", True, "stages=6", 1),

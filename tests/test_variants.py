@@ -124,15 +124,17 @@ def test_default_splits_are_todays_past_few_rows(rows, pages, s, tt):
 def test_dense_few_rows_take_one_cta_per_sm(rows, pages, want):
     """Dense rows of tile 16 over a 16-bit cache that 2 per SM would cut into >= 32 splits plan
     1 CTA per SM (the G 16 shape: 8 rows, 16 x 128); tile 8 (the 70B share, GPT-OSS-20B,
-    Qwen2.5-7B since 2b5e07e), tile 4 (llama3-8b), an FP8 cache and selections keep 2 (each
-    measured slower at 1)."""
+    Qwen2.5-7B since 2b5e07e: 33-66 splits), tile 4 (llama3-8b), an FP8 cache and selections
+    keep 2 (each measured slower at 1); tile 8 over 1-2 rows (132-264 splits) takes 1."""
     one = variants.attention_ctas(rows, 132, tile=16)
     assert one == 1
     assert variants.attention_splits(rows, pages, 16, 16, 512, 132, ctas=one) == want
     assert variants.attention_ctas(rows, 132, E4M3, tile=16) == variants.attention_ctas(
-        rows, 132, dense=False, tile=16) == variants.attention_ctas(rows, 132, tile=8) == \
-        variants.attention_ctas(rows, 132, tile=4) == 2
+        rows, 132, dense=False, tile=16) == variants.attention_ctas(rows, 132, tile=4) == 2
+    assert variants.attention_ctas(rows, 132, tile=8) == (1 if rows <= 2 else 2)
     assert variants.attention_ctas(16, 132, tile=16) == variants.attention_ctas(32, 132) == 2
+    assert variants.attention_ctas(1, 132, tile=8) == variants.attention_ctas(2, 132, tile=8) == 1
+    assert variants.attention_ctas(3, 132, tile=8) == variants.attention_ctas(1, 132, tile=4) == 2
 
 
 def test_split_by_bytes_gives_few_rows_and_fp8_fewer_longer_splits():
@@ -271,7 +273,7 @@ def test_wide_merge_is_asked_where_there_are_splits_and_its_scratch_fits(tmp_pat
 def test_few_row_plans_of_the_deep_ring_cases(monkeypatch):
     """The launch plans tests/test_shapes.py runs on a GPU (FEW_ROWS), checked here on a CPU so
     that a launch-rule change fails in CI, not on the next GPU run: 5 dense rows of 38 pages at
-    head dim 128, 1 CTA per SM for tiles >= FEW_ROW_TILE over a 16-bit cache, 2 for tile 4."""
+    head dim 128, 1 CTA per SM for tile 16 over a 16-bit cache, 2 for tiles 4 and 8 (5 rows)."""
     from test_shapes import FEW_ROWS
 
     for g, dtype, fp8, tune, ctas in FEW_ROWS:

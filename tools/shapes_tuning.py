@@ -1,6 +1,6 @@
 """Issue 24's missed shapes under several launch choices, side by side in one process.
 
-python3 tools/shapes_tuning.py [--repeats N] [--cases qwen,g16,...] [--tunes merge|rings]: for
+python3 tools/shapes_tuning.py [--repeats N] [--cases qwen,g16,...] [--tunes merge|rings|ctas]: for
 each case (models of scenarios/bench.toml) and each QP_TUNE variant of the set (backends/
 variants.py, Tuning), first the variant's output against the float64 reference (dense attention,
 sparse attention over the per-head selection of a 2048-token budget, and the estimate where the
@@ -45,6 +45,10 @@ CASES = {
     "mha": ("mha-32h-d128", 32768, 1),
     # issue 30's dense goal (at most the fastest peer) where ours trails SDPA most
     "70b-b8": ("llama3.1-70b-tp8", 131072, 8),
+    # the 70B share at batch 1: one dense row of tile 8 (variants.FEW_ROW_SPLITS)
+    "70b-8k": ("llama3.1-70b-tp8", 8192, 1),
+    "70b": ("llama3.1-70b-tp8", 32768, 1),
+    "70b-128k": ("llama3.1-70b-tp8", 131072, 1),
     "gptoss": ("gpt-oss-20b", 32768, 1),
     "qwen-b8": ("qwen2.5-7b", 131072, 8),
     "fp8-b8": ("llama3.1-8b-fp8", 131072, 8),
@@ -62,8 +66,9 @@ DENSE = ("", "ctas=2", "ctas=1", "split=bytes,value=256k", "split=bytes,value=51
 # round 2's dense variants.
 MERGE = ("", "merge=wide", "ctas=2", "ctas=2,merge=wide", "split=bytes,value=256k",
          "split=bytes,value=256k,merge=wide")
+# "ctas": the default launch beside 2 and 1 CTAs per SM forced (variants.attention_ctas' rule)
 TUNES = {"merge": {"dense": MERGE, "attention": ("", "merge=wide")},
-         "rings": {"dense": DENSE}}
+         "rings": {"dense": DENSE}, "ctas": {"dense": ("", "ctas=2", "ctas=1")}}
 BUDGET = 2048  # tokens: sparse attention's selection (the Quest step table's budget)
 CHECK_LENGTH = 32768
 TOL = {"fp16": 1e-3, "bf16": 1e-2}  # the tests' table: ||out - ref|| / ||ref|| against float64

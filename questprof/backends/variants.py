@@ -38,13 +38,17 @@ NHD_HEAD_DIMS = _C["ATT_NHD_HEAD_DIMS"]  # token-major pages: attention's and su
 # Shared memory of sm_90 (H100, H200): per SM, and reserved by the driver per CTA; the launcher
 # reads the device's own figure where it can (backends/cupy.py).
 SMEM_PER_SM, SMEM_RESERVED = 228 * 1024, 1024
-# 1 CTA per SM for dense rows of tiles >= FEW_ROW_TILE (16-bit cache) that 2 per SM would cut
-# into >= FEW_ROW_SPLITS splits. H200, dense 32K B1, 2 -> 1: Qwen2.5-7B 39.4 -> 33.4 us, G 16 59.2
+# 1 CTA per SM for dense rows of tile t (16-bit cache) that 2 per SM would cut into at least
+# FEW_ROW_SPLITS[t] splits. H200, dense 32K B1, 2 -> 1: Qwen2.5-7B 39.4 -> 33.4 us, G 16 59.2
 # -> 52.5; llama3-8b (tile 4) 43.2 -> 49.0, FP8 29.2 -> 30.7, so those keep 2 (commit 7e54a70).
 # Tile 8 went back to 2 at 2b5e07e (tools/shapes_tuning.py, us, 1 -> 2 per SM): the 70B share
-# 128K B8 154.4 -> 136.8, GPT-OSS-20B 32K B1 28.2 -> 25.3, Qwen2.5-7B 32K B1 28.7 -> 28.4; G 16
-# 32K B1 kept 1 (51.2 against 55.3 at 2).
-FEW_ROW_SPLITS, FEW_ROW_TILE = 32, 16
+# 128K B8 154.4 -> 136.8, GPT-OSS-20B 32K B1 28.2 -> 25.3, Qwen2.5-7B 32K B1 28.7 -> 28.4 (8, 8
+# and 4 rows: 33-66 splits); G 16 32K B1 kept 1 (51.2 against 55.3 at 2). Tile 8 over 1-2 rows
+# (the 70B share at batch 1: 132-264 splits) takes 1 again: side by side on 2026-12-02
+# (tools/shapes_tuning.py --tunes ctas, 2 -> 1 per SM) its dense 32K B1 24.7 -> 18.4 us, 128K B1
+# 37.0 -> 33.7; 8K B1 the same launch; 4-8 rows of tile 8 keep 2 (the 70B share 128K B8 134.7 at
+# 2 against 154.2 at 1, GPT-OSS-20B 32K B1 25.6 / 28.2, Qwen2.5-7B 32K B1 28.3 / 28.8).
+FEW_ROW_SPLITS = {16: 32, 8: 128}
 VEC = 8  # 16-bit values per 16-byte piece (kernels/common.cuh)
 TAGS = {"fp16": "fp16", "bf16": "bf16", E4M3: "e4m3"}  # storage tags of kernels/common.cuh
 # (queries, K / V cache, summaries) the kernels run: 16-bit caches with their own summaries, FP8
@@ -368,11 +372,11 @@ def attention_stages(d: int, tile: int, tuning: Tuning | None = None) -> int:
 def attention_ctas(rows: int, sms: int, kv: str = "fp16", dense: bool = True, fit: int = 2,
                    tuning: Tuning | None = None, tile: int = 1) -> int:
     """CTAs per SM the split rule plans for: QP_TUNE's ctas, else 1 for dense launches of few rows
-    of tile >= FEW_ROW_TILE over a 16-bit cache (FEW_ROW_SPLITS), else 2; never more than `fit`,
+    of a tile in FEW_ROW_SPLITS over a 16-bit cache, else 2; never more than `fit`,
     the CTAs whose shared memory fits on an SM (a plan for 2 where 1 fits would run 2 waves)."""
     t = tuning or current_tuning()
-    few = (dense and kv != E4M3 and tile >= FEW_ROW_TILE
-           and 2 * sms // max(rows, 1) >= FEW_ROW_SPLITS)
+    few = (dense and kv != E4M3 and tile in FEW_ROW_SPLITS
+           and 2 * sms // max(rows, 1) >= FEW_ROW_SPLITS[tile])
     return max(1, min(t.ctas or (1 if few else 2), fit))
 
 
