@@ -209,6 +209,31 @@ def append_rows(out_dir, rows: list[dict], **meta) -> None:
         writer.extend(rows)
 
 
+def check_new_run(out_dir, resumable: bool = False) -> None:
+    """ConfigError when --out names a file or a directory that already holds a run's results:
+    a new run there would append its rows to the first run's (resumable: say --resume)."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: a file, not a results directory")
+    held = [name for name in (ROWS, PARQUET, META) if (path / name).exists()]
+    if held:
+        how = f"--resume {path} continues it; " if resumable else ""
+        raise ConfigError(f"--out {path} already holds a run's results ({', '.join(held)}): "
+                          f"{how}a new run needs another --out")
+
+
+def check_joinable(out_dir, key: str, value: str, what: str) -> None:
+    """ConfigError when out_dir is a file or already holds rows whose `key` is `value` (a run of
+    this command): a sweep's directory without them is joined (its report draws both), a second
+    run of the command there would add its rows to the first's."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--out {path}: a file, not a results directory")
+    if (path / ROWS).is_file() and any(r.get(key) == value for r in read_rows(path)):
+        raise ConfigError(f"--out {path} already holds a run's {what} rows: a new run needs "
+                          "another --out (a sweep's directory without them is joined)")
+
+
 def _damaged(path: Path, why: str) -> ConfigError:
     return ConfigError(f"{path} is damaged ({why}): not a results directory questprof wrote; "
                        "start a new run with another --out")

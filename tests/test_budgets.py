@@ -69,6 +69,7 @@ def test_budgets_toml_round_trip(tmp_path):
     ("[layers]\n0 = 32\n", "page_size"),
     ("page_size = 16\n", "no [layers]"),
     ("page_size = = 16\n", "not TOML"),
+    ("page_size = 16\n[layers]\n-1 = 32\n0 = 32\n", "layer -1 in [layers]: layers are numbered"),
 ])
 def test_bad_tables_are_one_line(tmp_path, body, words):
     path = tmp_path / "b.toml"
@@ -81,6 +82,9 @@ def test_a_table_of_another_layer_count_is_refused(tmp_path):
     path = write_table(BudgetTable((32, 64), 16), tmp_path / "b.toml")
     with pytest.raises(ConfigError, match="has 2 layers; the model has 3"):
         read_table(path, layers=3)
+    path.write_text("page_size = 16\n[layers]\n0 = 32\n1 = 64\n5 = 64\n")  # said "layer 2 missing"
+    with pytest.raises(ConfigError, match=r"layer 5 in \[layers\], past the model's 2 layers \(0..1\)"):
+        read_table(path, layers=2)
 
 
 def _smoke_layers() -> int:

@@ -412,6 +412,21 @@ def test_out_naming_a_file_is_one_line(tmp_path):
     assert path.read_text() == "mine"
 
 
+@pytest.mark.parametrize("command", [
+    ("sweep", "--scenario", "smoke", "--lengths", "2k", "--backend", "numpy", *FAST),
+    ("bench",), ("bytes", "--scenario", "smoke", "--lengths", "2k")])
+def test_out_of_a_finished_run_is_refused_without_resume(smoke_run, command):
+    """A new run into a directory of results appended its rows to the first run's (a sweep's
+    report then drew both); now every command that writes results refuses it in one line, and
+    the first run's rows stay as they were (fidelity and reuse join a sweep's directory: their
+    own tests, tests/test_fidelity_cli.py and tests/test_reuse.py)."""
+    before = (smoke_run / "rows.jsonl").read_bytes()
+    said = assert_one_line_error(run(*command, "--out", smoke_run))
+    assert f"--out {smoke_run} already holds a run's results" in said
+    assert ("--resume" in said) == (command[0] == "sweep")
+    assert (smoke_run / "rows.jsonl").read_bytes() == before
+
+
 def test_reuse_refuses_negative_dense_layers_as_serve_and_fidelity_do(tmp_path):
     said = assert_one_line_error(run("reuse", "--dense-layers", "-1", "--out", tmp_path / "o"))
     assert "--dense-layers -1" in said

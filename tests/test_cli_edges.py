@@ -115,6 +115,16 @@ def test_a_bad_option_value_is_one_line_and_exit_2(args, said):
     assert "╭" not in result.output
 
 
+@pytest.mark.parametrize("tolerance", ["-1", "0", "nan"])
+def test_bytes_refuses_a_tolerance_that_judges_nothing(tolerance):
+    """A tolerance of -1 or NaN passed to the verdict (every row then failed, or passed); it is
+    one line before any measurement now."""
+    result = run("bytes", "--scenario", "smoke", "--lengths", "2k", "--tolerance", tolerance)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"--tolerance {float(tolerance)}" in lines[0], lines
+
+
 def test_the_bare_command_still_prints_its_help():
     result = run()
     assert "Usage" in result.output and "sweep" in result.output

@@ -90,6 +90,15 @@ def test_compare_keeps_implementations_apart(tmp_path):
     assert table.loc["torch-sdpa", "verdict"] == "SLOWER"
 
 
+def test_a_run_of_no_timed_stage_is_refused(tmp_path):
+    """A fidelity or serve directory against a sweep listed every row MISSING and exited 0."""
+    a = write_run(tmp_path / "a", [row()])
+    b = write_run(tmp_path / "b", [{**row(), "stage": "fidelity"}])
+    for first, second in ((a, b), (b, a)):
+        with pytest.raises(ConfigError, match=f"{b} holds no timed stage rows"):
+            compare(first, second)
+
+
 def test_compare_reports_configurations_of_one_side(tmp_path):
     a = write_run(tmp_path / "a", [row(length=1)])
     b = write_run(tmp_path / "b", [row(length=2)])

@@ -126,6 +126,26 @@ def test_fidelity_into_a_sweep_directory_draws_the_frontier(tmp_path):
     assert "fig-fidelity-frontier" in html and "Recommended</b>: page 16" in html
 
 
+def test_a_second_fidelity_run_into_the_same_directory_is_refused(tmp_path):
+    """It appended its rows to the first run's; a sweep's directory is still joined (above)."""
+    out = tmp_path / "run"
+    first = run("--source", "synthetic", "--lengths", "1k", "--steps", "1", "--out", out)
+    assert first.exit_code == 0, first.output
+    before = (out / "rows.jsonl").read_bytes()
+    again = run("--source", "synthetic", "--lengths", "1k", "--steps", "1", "--out", out)
+    assert_one_line_error(again, "already holds a run's fidelity rows")
+    assert (out / "rows.jsonl").read_bytes() == before
+
+
+@pytest.mark.parametrize("args", [("--source", "synthetic"),
+                                  ("--source", "passkey", "--model", "random:smoke")])
+def test_dense_layers_that_leave_no_sparse_layer_are_refused(args, tmp_path):
+    """smoke's model has 2 layers: --dense-layers 2 or more measured every layer, the dense ones
+    included, as if sparse."""
+    assert_one_line_error(run(*args, "--dense-layers", "2", "--out", tmp_path / "x"),
+                          "--dense-layers 2: smoke has 2 layers, so none would be sparse")
+
+
 def test_a_model_run_ends_with_its_phase_table(tmp_path):
     """Seconds per phase, last: what a GPU run shows of where its time went."""
     pytest.importorskip("transformers")

@@ -77,6 +77,18 @@ def test_reuse_into_a_sweeps_directory_keeps_its_meta(monkeypatch, tmp_path):
     assert meta["reuse"]["kind"] == "reuse"
 
 
+def test_a_second_reuse_run_into_the_same_directory_is_refused(monkeypatch, tmp_path):
+    """It appended its rows to the first run's; a sweep's directory is still joined (above)."""
+    monkeypatch.setattr(reuse_cmd, "captures", lambda args, log: ("synthetic", [capture(seed=3)]))
+    args = ["reuse", "--budget", "64", "--mode", "shared-mean", "--dense-layers", "1", "--out",
+            str(tmp_path / "r")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    before = (tmp_path / "r" / "rows.jsonl").read_bytes()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and "already holds a run's reuse rows" in again.stderr
+    assert (tmp_path / "r" / "rows.jsonl").read_bytes() == before
+
+
 def test_the_command_writes_rows_and_prints_the_table(monkeypatch, tmp_path):
     caps = [capture(seed=3)]
     monkeypatch.setattr(reuse_cmd, "captures", lambda args, log: ("synthetic", caps))

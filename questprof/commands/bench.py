@@ -33,7 +33,7 @@ from questprof.core.machine import git_fields, machine_info
 from questprof.core.stages import ROW_STAGES
 from questprof.measure.ceilings import ladder_ms, link_ceilings, measure_ceilings, read_ladder
 from questprof.measure.timing import time_layers
-from questprof.results import OURS, ResultsWriter, make_row, now
+from questprof.results import OURS, ResultsWriter, check_new_run, make_row, now
 from questprof.workload import flashinfer as fi
 from questprof.workload.flashinfer import IMPL as FLASHINFER, missing_reason
 from questprof.workload.pools import (Workload, check_cache, free_bytes, is_out_of_memory, l2_bytes,
@@ -306,6 +306,8 @@ def _print(rows: list[dict], goal_list: list[dict]) -> None:
 
 def bench_command(args: BenchArgs, out_dir, argv) -> object:
     """The whole `questprof bench`: rows to a results directory (and rows.json); returns it."""
+    if out_dir is not None:
+        check_new_run(out_dir)
     cases_file = Path(args.cases or BENCH_FILE)
     if not cases_file.is_file():
         raise ConfigError(f"bench file {cases_file} not found")

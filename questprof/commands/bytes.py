@@ -34,7 +34,7 @@ from questprof.core.stages import ROW_STAGES
 from questprof.measure import ceilings, cupti, dram, link, ncu, nvml
 from questprof.measure.ceilings import Flush
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
-from questprof.results import OURS, ResultsWriter, make_row, now
+from questprof.results import OURS, ResultsWriter, check_new_run, make_row, now
 from questprof.workload.peers import gathered_bytes
 from questprof.workload.pools import Workload, check_cache, host_free_bytes, l2_bytes
 
@@ -319,10 +319,14 @@ def _measure_source(src, configs, backend, flush, naive, protocol, log, link_run
 
 def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     """The whole `questprof bytes`: measure, print, write; returns the exit status."""
+    if out_dir is not None:
+        check_new_run(out_dir)
     if args.source not in (*SOURCES, "all"):
         raise ConfigError(f"--source {args.source!r}: expected cupti, ncu, nvml or all")
     if args.protocol not in PROTOCOLS:
         raise ConfigError(f"--protocol {args.protocol!r}: expected rotate or flush")
+    if not (math.isfinite(args.tolerance) and args.tolerance > 0):
+        raise ConfigError(f"--tolerance {args.tolerance}: a fraction above 0 (0.05 = 5%)")
     _, configs = configs_from_args(asdict(args))
     console.err.print(f"rho = {model.rho_text(configs[0].model)}", highlight=False, markup=False)
     result = run_check(configs, args.source, args.tolerance,

@@ -87,8 +87,13 @@ def _values(df: pd.DataFrame, key: str) -> str:
 
 
 def check_comparable(a: pd.DataFrame, b: pd.DataFrame, dir_a, dir_b) -> None:
-    """ConfigError naming what differs when no timed row of A times the work of one of B."""
-    if a.empty or b.empty or _shapes(a) & _shapes(b):
+    """ConfigError naming what differs when no timed row of A times the work of one of B, or
+    naming the run that times no stage (a fidelity, serve or reuse run: every row was MISSING)."""
+    for df, path in ((a, dir_a), (b, dir_b)):
+        if df.empty:
+            raise ConfigError(f"{path} holds no timed stage rows (a fidelity, serve or reuse "
+                              "run?): compare judges two sweep, bench or bytes runs")
+    if _shapes(a) & _shapes(b):
         return
     keys = [*SHAPE_KEYS, "tp"] if "tp" in a and "tp" in b else SHAPE_KEYS
     differ = [f"{SHAPE_NAMES.get(k, k)} {_values(a, k)} against {_values(b, k)}"

@@ -25,9 +25,10 @@ from questprof.core.reference import MODES
 from questprof.core.scenarios import load_scenario
 from questprof.core.selectors import check_page_sizes, parse_list
 from questprof.fidelity.evaluate import FidelityGrid
+from questprof.fidelity.models import known_shape
 from questprof.fidelity.runner import PROMPTS, Request, SOURCES, fidelity_rows
 from questprof.report.budgets import all_dense_line, per_layer, saving_line
-from questprof.results import ResultsWriter, append_rows, load, now
+from questprof.results import ResultsWriter, append_rows, check_joinable, load, now
 from questprof.workload.pools import host_free_bytes
 
 DEFAULT_LENGTHS = {"synthetic": "2k,4k", "passkey": "2k", "natural": "2k", "multikey": "2k",
@@ -117,7 +118,7 @@ def make_request(args: FidelityArgs):
     count = len(chosen) if chosen else (args.prompts or PROMPTS)
     grid = _grid(args.page_size, args.budget, args.mode, args.dtype, args.selector)
     return Request(source, grid, tuple(sizes), args.steps, depths=chosen,
-                   dense_layers=_dense_layers(source, args.scenario, args.dense_layers),
+                   dense_layers=_dense_layers(source, args.scenario, args.dense_layers, model),
                    task=args.task, seed=args.seed, scenario=args.scenario or "smoke",
                    model=model, cache_path=str(args.cache or ""), prompts=count,
                    forced=args.teacher_forced)
@@ -149,11 +150,18 @@ def _depths(text: str) -> tuple[float, ...]:
     return depths
 
 
-def _dense_layers(source: str, scenario: str | None, given: int | None) -> int:
-    """--dense-layers, else the scenario's (synthetic), else 2 (the Quest paper's)."""
+def _dense_layers(source: str, scenario: str | None, given: int | None, model: str) -> int:
+    """--dense-layers, else the scenario's (synthetic), else 2 (the Quest paper's); a given
+    count that leaves no layer sparse, where the model's layers are known before it loads, is
+    refused (the rows then measured every layer, the dense ones included)."""
     if given is not None:
         if given < 0:
             raise ConfigError(f"--dense-layers {given} must be at least 0")
+        shape = (load_scenario(scenario or "smoke").model if source == "synthetic"
+                 else known_shape(model) if source != "cache" else None)
+        if shape is not None and given >= shape.layers:
+            raise ConfigError(f"--dense-layers {given}: {shape.name} has {shape.layers} layers, "
+                              "so none would be sparse")
         return given
     if source == "synthetic":
         return load_scenario(scenario or "smoke").model.dense_layers
@@ -344,6 +352,8 @@ def fidelity_command(args: FidelityArgs, out_dir, argv, log=print,
     directory (phases: filled with seconds per phase, run_fidelity)."""
     request = make_request(args)
     check_min_recall(args.min_recall)
+    if out_dir is not None:
+        check_joinable(out_dir, "stage", "fidelity", "fidelity")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"fidelity-{request.source}-{stamp}")
     command = " ".join(["questprof", *argv])

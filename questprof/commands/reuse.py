@@ -29,7 +29,7 @@ from questprof.fidelity.model_run import capture
 from questprof.fidelity.models import load_model
 from questprof.fidelity.reuse import Reuse, layer_reuse, layer_trace, trace_reuse
 from questprof.fidelity.threads import one_thread
-from questprof.results import ResultsWriter, now
+from questprof.results import ResultsWriter, check_joinable, now
 
 CAPACITY_FACTORS = (1, 2, 4)  # C = K, 2K, 4K pages when --hbm-pages is not given
 
@@ -185,6 +185,8 @@ def reuse_rows(name: str, caps: list, args: ReuseArgs, backend) -> list[dict]:
 def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list[dict]]:
     """The whole `questprof reuse`: rows to a results directory; returns it and the rows."""
     settings(args)  # bad input: one line before the model loads
+    if out_dir is not None:
+        check_joinable(out_dir, "kind", "reuse", "reuse")
     trace_setting(args)
     backend = get_backend(args.backend)
     name, caps = captures(args, log)

@@ -103,6 +103,5 @@ def serve_command(args: ServeArgs, out_dir, argv, log=print) -> Path:
     concurrency = parse_sizes(args.concurrency, "concurrency")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"serve-{stamp}")
-    if (target / results.ROWS).is_file():  # a second run there would be drawn as one
-        raise ConfigError(f"--out {target} already holds a run: give a new directory")
+    results.check_new_run(target)  # a second run there would be drawn as one
     return run_all(args, chosen, specs, concurrency, target, " ".join(["questprof", *argv]), log)

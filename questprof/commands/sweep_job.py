@@ -233,6 +233,10 @@ def _fidelity(scenario, configs, backend, target: Path, args: SweepArgs) -> None
 def sweep_command(given: SweepArgs, out_dir: Path | None, resume: Path | None, argv) -> Path:
     """The whole `questprof sweep`: returns the results directory (report not yet written)."""
     args = resolve_args(resume, given, out_dir)
+    if resume is None and out_dir is not None:
+        from questprof.results import check_new_run
+
+        check_new_run(out_dir, resumable=True)
     scenario, configs = configs_from_args(args.as_dict())
     args, table = apply_table(args, scenario.model.layers)
     if table is not None:  # the table's page size, largest budget and mode

@@ -94,7 +94,8 @@ def write_table(table: BudgetTable, path) -> Path:
     return path
 
 
-def _layers(data: dict, where: str, page_size: int) -> tuple[int | None, ...]:
+def _layers(data: dict, where: str, page_size: int,
+            layers: int | None = None) -> tuple[int | None, ...]:
     raw = data.get("layers")
     if not isinstance(raw, dict) or not raw:
         raise ConfigError(f"{where}: no [layers] table (layer = tokens or \"dense\")")
@@ -102,10 +103,15 @@ def _layers(data: dict, where: str, page_size: int) -> tuple[int | None, ...]:
         got = {int(k): v for k, v in raw.items()}
     except ValueError:
         raise ConfigError(f"{where}: [layers] keys must be layer numbers 0, 1, ...") from None
+    if min(got) < 0:
+        raise ConfigError(f"{where}: layer {min(got)} in [layers]: layers are numbered from 0")
+    if layers is not None and max(got) >= layers:
+        raise ConfigError(f"{where}: layer {max(got)} in [layers], past the model's {layers} "
+                          f"layers (0..{layers - 1})")
     missing = [i for i in range(max(got) + 1) if i not in got]
-    if missing or min(got) < 0:
-        raise ConfigError(f"{where}: layer {missing[0] if missing else min(got)} missing "
-                          f"from [layers] (every layer 0..{max(got)} needs a budget)")
+    if missing:
+        raise ConfigError(f"{where}: layer {missing[0]} missing from [layers] (every layer "
+                          f"0..{max(got)} needs a budget)")
     out = []
     for i in range(len(got)):
         v = got[i]
@@ -136,7 +142,7 @@ def read_table(path, layers: int | None = None) -> BudgetTable:
     if mode not in MODES:
         raise ConfigError(f"budget table {path}: mode {mode!r}, expected one of "
                           f"{', '.join(MODES)}")
-    budgets = _layers(data, f"budget table {path}", size)
+    budgets = _layers(data, f"budget table {path}", size, layers)
     if layers is not None and len(budgets) != layers:
         raise ConfigError(f"budget table {path} has {len(budgets)} layers; the model has "
                           f"{layers}")
