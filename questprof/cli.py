@@ -226,7 +226,7 @@ def report(results_dir: Annotated[Path, typer.Argument(help="A results directory
     """Rebuild report.html from the results in a directory (sweep, bench, bytes, fidelity)."""
     from questprof import results
 
-    results.load(results_dir)  # a clear error when it is not a results directory
+    results.check_rows(results.load(results_dir)[0], results_dir)  # else one clear line
     write_report(results_dir, asked=True)
 
 
@@ -373,6 +373,9 @@ def reuse(
 ) -> None:
     """Pages Quest's selection shares step to step on a real model, and the miss rate of a
     C-page HBM cache replaying it (what a host-tier cache saves over the link)."""
+    from questprof.commands.fidelity import check_needs
+
+    check_needs("passkey", model, "reuse")  # before the import: reuse's modules import torch
     from questprof.commands import reuse as reuse_mod
 
     args = ReuseArgs(model=model, length=length, steps=steps, prompts=prompts,

@@ -130,7 +130,7 @@ def _json_default(value):
     return str(value)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     """Write text to path through a temporary file and a rename (never a half-written file)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -171,7 +171,7 @@ class ResultsWriter:
     def write_meta(self, **fields) -> None:
         """Update meta.json with `fields`."""
         self.meta.update(fields)
-        _write_atomic(self.dir / META, json.dumps(self.meta, indent=1, default=_json_default))
+        write_atomic(self.dir / META, json.dumps(self.meta, indent=1, default=_json_default))
 
     def close(self, finished: bool = True) -> Path:
         """Rewrite results.parquet from rows.jsonl; stamp meta 'finished' when the run completed."""
@@ -198,7 +198,7 @@ def _rows_from_parquet(out_dir: Path) -> None:
             elif value is not None and not (isinstance(value, float) and math.isnan(value)):
                 row[key] = value
         lines.append(json.dumps(row, default=_json_default) + "\n")
-    _write_atomic(out_dir / ROWS, "".join(lines))
+    write_atomic(out_dir / ROWS, "".join(lines))
 
 
 def append_rows(out_dir, rows: list[dict], **meta) -> None:
@@ -220,6 +220,16 @@ def check_new_run(out_dir, resumable: bool = False) -> None:
         how = f"--resume {path} continues it; " if resumable else ""
         raise ConfigError(f"--out {path} already holds a run's results ({', '.join(held)}): "
                           f"{how}a new run needs another --out")
+
+
+def check_out_file(path, flag: str) -> None:
+    """ConfigError when a file to be written after the run cannot be: a directory in its place,
+    or a folder that does not exist (said before the run, not after it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: a directory; name the file to write")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{flag} {path}: folder {path.parent} does not exist")
 
 
 def check_joinable(out_dir, key: str, value: str, what: str) -> None:
@@ -308,14 +318,29 @@ def write_parquet(out_dir) -> Path:
 def load(out_dir) -> tuple[pd.DataFrame, dict]:
     """(rows, meta) of a results directory: rows.jsonl when present, else results.parquet."""
     out_dir = Path(out_dir)
+    if out_dir.is_file():
+        raise ConfigError(f"{out_dir} is a file: a results directory is the folder holding "
+                          f"{ROWS} and {META}")
     if not out_dir.is_dir():
         raise FileNotFoundError(f"results directory {out_dir} not found")
     meta = read_meta(out_dir)
     if _file_or_none(out_dir / ROWS):
         return _numeric(frame(read_rows(out_dir)), out_dir / ROWS), meta
     if (out_dir / PARQUET).is_file():
-        return pd.read_parquet(out_dir / PARQUET), meta
+        try:
+            return pd.read_parquet(out_dir / PARQUET), meta
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise _damaged(out_dir / PARQUET, f"not a Parquet table: {exc}") from None
     raise FileNotFoundError(f"{out_dir} holds no {ROWS} nor {PARQUET}: not a results directory")
+
+
+def check_rows(df: pd.DataFrame, out_dir) -> None:
+    """ConfigError when a loaded directory holds no row of any stage (an empty or foreign
+    rows.jsonl): its report or comparison would be empty, said as if all were well."""
+    named = [df[col].notna() for col in ("stage", "kind") if col in df]  # reuse rows: a kind
+    if df.empty or not any(has.any() for has in named):
+        raise ConfigError(f"{out_dir} holds no result rows (no line of {ROWS} names a stage): "
+                          "not a results directory, or a run that finished none")
 
 
 NUMERIC = ("length", "batch", "page_size", "budget", "median_ms", "p20_ms", "p80_ms", "p95_ms")

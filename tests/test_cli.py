@@ -119,6 +119,7 @@ def test_a_bench_file_is_no_scenario(name, tmp_path):
      "fp32 summaries over a fp8_e4m3 cache are not supported"),
     (["--kv-dtype", "bf16", "--summary-dtype", "fp16"],  # each is fine alone: both named
      "--kv-dtype bf16 --summary-dtype fp16: model smoke: fp16 summaries over a bf16 cache"),
+    (["--mode", ""], "unknown selection mode ''"),  # ran the scenario's modes before
 ])
 def test_a_bad_shape_flag_is_named_not_the_scenario_file(args, said, tmp_path):
     line = assert_one_line_error(run("sweep", "--scenario", "smoke", "--out", tmp_path / "o",
@@ -386,6 +387,72 @@ def test_a_damaged_results_directory_is_one_line_for_report_compare_and_resume(
         (bad / name).write_bytes(content)
     for args in (("report", bad), ("compare", smoke_run, bad), ("sweep", "--resume", bad)):
         assert name in assert_one_line_error(run(*args)), args
+
+
+def test_a_damaged_parquet_table_is_one_line_for_report_and_compare(smoke_run, tmp_path):
+    """A directory holding only results.parquet, two bytes of it: pyarrow's ArrowInvalid
+    traceback before, one line naming the file now."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.parquet").write_bytes(b"PA")
+    for args in (("report", bad), ("compare", smoke_run, bad)):
+        assert "results.parquet is damaged" in assert_one_line_error(run(*args)), args
+
+
+@pytest.mark.parametrize("rows", [b"", b"not json at all\n", b'{"a": 1}\n'])
+def test_a_directory_of_no_result_rows_is_refused_by_report_and_compare(
+        rows, smoke_run, tmp_path):
+    """rows.jsonl empty, garbage, or rows of no stage: report wrote an empty page and exit 0,
+    compare called every row MISSING; now one line each, and no report.html."""
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "rows.jsonl").write_bytes(rows)
+    for args in (("report", bad), ("compare", smoke_run, bad)):
+        assert "holds no result rows" in assert_one_line_error(run(*args)), args
+    assert not (bad / "report.html").exists()
+
+
+def test_ctrl_c_while_the_report_is_drawn_says_the_rows_are_kept(smoke_run, monkeypatch,
+                                                                 capsys):
+    """After the sweep's table, Ctrl-C in the drawing: exit 130 and no line said why."""
+    import sys
+
+    import typer
+
+    from questprof.commands import render
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    import questprof.report  # noqa: F401  (render imports it at the call, from sys.modules,
+    # where another test may have left a module other than the package's attribute)
+    monkeypatch.setattr(sys.modules["questprof.report"], "write_report", stop)
+    with pytest.raises(typer.Exit) as got:
+        render.write_report(smoke_run)
+    assert got.value.exit_code == 130
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"every row is kept in {smoke_run}" in said and "questprof report" in said
+
+
+def test_a_file_where_a_directory_belongs_and_the_reverse_are_named_as_such(tmp_path):
+    """Each said 'not found' of a path that is there."""
+    a_file = tmp_path / "rows.txt"
+    a_file.write_text("x")
+    for args, says in ((("report", a_file), "is a file: a results directory"),
+                       (("sweep", "--resume", a_file), "is a file: a results directory"),
+                       (("bench", "--cases", tmp_path, "--out", tmp_path / "o"),
+                        "is a directory: name the .toml"),
+                       (("sweep", "--scenario", "smoke", "--budgets-file", tmp_path),
+                        "is a directory: name its budgets.toml")):
+        assert says in assert_one_line_error(run(*args)), args
+
+
+def test_a_fidelity_model_that_is_not_there_is_refused_before_the_sweep(tmp_path):
+    """It ran the whole grid, then said 'fidelity not added' and exit 0."""
+    out = tmp_path / "o"
+    said = assert_one_line_error(run("sweep", "--scenario", "smoke", "--backend", "numpy",
+                                     "--fidelity-model", tmp_path / "nope", "--out", out))
+    assert "nope not found" in said and not out.exists()
 
 
 def test_a_resume_without_the_first_runs_arguments_is_refused(smoke_run, tmp_path):

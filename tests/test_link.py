@@ -329,6 +329,23 @@ def test_the_json_of_a_check_without_a_gpu_says_why_no_link_is_counted(tmp_path,
     assert any(line.startswith("link bytes not measured: no GPU here") for line in data["message"])
 
 
+@pytest.mark.parametrize("where, says", [("", "a directory; name the file"),
+                                         ("no/such/check.json", "does not exist")])
+def test_a_json_path_that_cannot_be_written_is_refused_before_measuring(tmp_path, monkeypatch,
+                                                                        where, says):
+    """A directory as --json was an IsADirectoryError traceback, a missing folder a raw errno,
+    each after the whole measurement."""
+    from typer.testing import CliRunner
+
+    from questprof.cli import app
+
+    monkeypatch.setattr(bytes_cmd, "run_check", lambda *a, **k: pytest.fail("measured"))
+    got = CliRunner().invoke(app, ["bytes", "--scenario", "smoke", "--lengths", "2k",
+                                   "--budget", "256", "--json", str(tmp_path / where)])
+    assert got.exit_code == 2 and "Traceback" not in got.output
+    assert says in " ".join(got.stderr.split())
+
+
 # -- sweep rows and the report's tier section ------------------------------------------------
 
 def sweep(tmp_path, monkeypatch, counting: bool):

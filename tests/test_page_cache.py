@@ -197,12 +197,16 @@ def test_a_cpu_sweep_replays_reuse_through_the_page_cache(tmp_path):
     (["--kv-tier", "host", "--reuse-overlap", "0.5"], "add --kv-tier host --hbm-pages C"),
     (["--kv-tier", "host", "--hbm-pages", "32", "--mode", "per-head", "--reuse-overlap", "0.5"],
      "per-head's union of G selections is not built"),
-    (["--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap", "1.5"], "outside 0..1"),
+    (["--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap", "1.5"], "keeps, 0..1"),
+    (["--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap", "nan"], "keeps, 0..1"),
+    (["--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap", "0.5", "--reuse-steps", "0"],
+     "at least 2"),
 ])
 def test_bad_page_cache_input_is_one_line_and_exit_2(tmp_path, args, said):
-    got, _ = _sweep(tmp_path, *args)
+    got, out = _sweep(tmp_path, *args)
     assert got.exit_code == 2, got.output
     assert said in " ".join(got.output.split())
+    assert not out.exists()  # refused before the run wrote anything
 
 
 def test_a_trace_for_another_shape_is_one_line_and_exit_2(tmp_path):

@@ -63,6 +63,29 @@ def test_bad_settings_are_one_line():
         reuse_cmd.settings(ReuseArgs(length="2k,4k"))
 
 
+def test_reuse_without_torch_names_what_to_install(monkeypatch, tmp_path):
+    """Its modules import torch at load: a ModuleNotFoundError traceback before, one line now."""
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "torch" else find(name, *a))
+    got = CliRunner().invoke(app, ["reuse", "--model", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert got.exit_code == 2 and "Traceback" not in got.output
+    said = " ".join(got.stderr.split())
+    assert "reuse needs torch" in said and "pip install" in said
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_trace_out_that_cannot_be_written_is_refused_before_the_model_loads(monkeypatch,
+                                                                              tmp_path):
+    monkeypatch.setattr(reuse_cmd, "captures", lambda *a: pytest.fail("the model was loaded"))
+    for where, says in ((tmp_path, "a directory"), (tmp_path / "no" / "t.npz", "does not exist")):
+        got = CliRunner().invoke(app, ["reuse", "--budget", "64", "--mode", "shared-mean",
+                                       "--trace-out", str(where)])
+        assert got.exit_code == 2 and says in " ".join(got.stderr.split()), got.output
+
+
 def test_reuse_into_a_sweeps_directory_keeps_its_meta(monkeypatch, tmp_path):
     """The tier section asks for `reuse --out SWEEP_DIR`: the sweep's meta stays, reuse's joins."""
     out = tmp_path / "sweep"

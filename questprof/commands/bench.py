@@ -310,7 +310,8 @@ def bench_command(args: BenchArgs, out_dir, argv) -> object:
         check_new_run(out_dir)
     cases_file = Path(args.cases or BENCH_FILE)
     if not cases_file.is_file():
-        raise ConfigError(f"bench file {cases_file} not found")
+        raise ConfigError(f"bench file {cases_file} " + ("is a directory: name the .toml file"
+                                                          if cases_file.is_dir() else "not found"))
     if args.repeats < 1:
         raise ConfigError(f"--repeats {args.repeats} must be at least 1")
     cases, goal_list = load_bench(cases_file, args.quick)

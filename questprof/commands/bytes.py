@@ -34,7 +34,7 @@ from questprof.core.stages import ROW_STAGES
 from questprof.measure import ceilings, cupti, dram, link, ncu, nvml
 from questprof.measure.ceilings import Flush
 from questprof.measure.dram import PROTOCOLS, SOURCES, TARGET_SECONDS  # noqa: F401
-from questprof.results import OURS, ResultsWriter, check_new_run, make_row, now
+from questprof.results import OURS, ResultsWriter, check_new_run, check_out_file, make_row, now
 from questprof.workload.peers import gathered_bytes
 from questprof.workload.pools import Workload, check_cache, host_free_bytes, l2_bytes
 
@@ -321,6 +321,8 @@ def bytes_command(args: BytesArgs, out_dir, json_out, argv) -> int:
     """The whole `questprof bytes`: measure, print, write; returns the exit status."""
     if out_dir is not None:
         check_new_run(out_dir)
+    if json_out is not None:
+        check_out_file(json_out, "--json")
     if args.source not in (*SOURCES, "all"):
         raise ConfigError(f"--source {args.source!r}: expected cupti, ncu, nvml or all")
     if args.protocol not in PROTOCOLS:

@@ -13,7 +13,7 @@ import math
 import pandas as pd
 
 from questprof.core.config import ConfigError
-from questprof.results import OURS, STAGE_ORDER, load
+from questprof.results import OURS, STAGE_ORDER, check_rows, load
 
 VERDICTS = ("SAME", "FASTER", "SLOWER", "NOISY", "MISSING")
 # What makes two rows time the same work; missing columns (runs before FP8 caches) are filled
@@ -69,6 +69,7 @@ def _side(out_dir) -> tuple[pd.DataFrame, int | None]:
     """The timed rows of a run (stages of STAGE_ORDER: fidelity rows of another model do not
     count), their shape columns filled, and the run's timed passes."""
     df, meta = load(out_dir)
+    check_rows(df, out_dir)
     df = df[df["stage"].isin(STAGE_ORDER)].copy()
     df["impl"] = df["impl"].fillna(OURS) if "impl" in df else OURS  # rows before impl existed
     for key, fallback in (("kv_dtype", "dtype"), ("summary_dtype", "kv_dtype")):

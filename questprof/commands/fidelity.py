@@ -66,16 +66,17 @@ def install_line(source: str, model: str = "smollm2") -> str:
     return f"{line} && {INSTALL_SMOLLM2}" if model == "smollm2" else line
 
 
-def _needs(source: str, model: str = "smollm2") -> None:
+def check_needs(source: str, model: str = "smollm2", command: str = "") -> None:
     """ConfigError naming the packages `source` (and `model`) need that are not installed, and
-    the install commands that bring them."""
+    the install commands that bring them; `command` names the asker (fidelity --source X)."""
     names = NEEDS.get(source, ())
     if names and "torch" in names and model == "smollm2":
         names += SMOLLM2_NEEDS
     missing = [PACKAGES.get(n, n) for n in names if importlib.util.find_spec(n) is None]
     if missing:
         why = " (a real model, Quest in its decode loop)" if "torch" in missing else ""
-        raise ConfigError(f"fidelity --source {source} needs {', '.join(missing)}{why}: "
+        raise ConfigError(f"{command or f'fidelity --source {source}'} needs "
+                          f"{', '.join(missing)}{why}: "
                           f"{install_line(source, model)}")
 
 
@@ -110,7 +111,7 @@ def make_request(args: FidelityArgs):
     if source == "cache" and not args.cache:
         raise ConfigError("--source cache needs the capture file: "
                           "questprof fidelity --source cache FILE.safetensors")
-    _needs(source, model)
+    check_needs(source, model)
     sizes = parse_sizes(args.lengths or DEFAULT_LENGTHS.get(source, "2k"), "lengths")
     if source == "synthetic":
         _check_synthetic_memory(args.scenario or "smoke", max(sizes))

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import typer
+
 from questprof import console
 from questprof.core.config import ConfigError
 
@@ -18,6 +20,10 @@ def write_report(out_dir: Path, asked: bool = False) -> None:
     df, meta = results.load(out_dir)
     try:
         path = draw(df, meta, out_dir / "report.html")
+    except KeyboardInterrupt:
+        console.err.print(f"interrupted while drawing report.html: every row is kept in "
+                          f"{out_dir}; `questprof report {out_dir}` draws it", highlight=False)
+        raise typer.Exit(130) from None
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("plotly"):
             raise

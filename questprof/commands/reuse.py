@@ -29,7 +29,7 @@ from questprof.fidelity.model_run import capture
 from questprof.fidelity.models import load_model
 from questprof.fidelity.reuse import Reuse, layer_reuse, layer_trace, trace_reuse
 from questprof.fidelity.threads import one_thread
-from questprof.results import ResultsWriter, check_joinable, now
+from questprof.results import ResultsWriter, check_joinable, check_out_file, now
 
 CAPACITY_FACTORS = (1, 2, 4)  # C = K, 2K, 4K pages when --hbm-pages is not given
 
@@ -188,6 +188,8 @@ def reuse_command(args: ReuseArgs, out_dir, argv, log=print) -> tuple[Path, list
     if out_dir is not None:
         check_joinable(out_dir, "kind", "reuse", "reuse")
     trace_setting(args)
+    if args.trace_out is not None:
+        check_out_file(args.trace_out, "--trace-out")
     backend = get_backend(args.backend)
     name, caps = captures(args, log)
     layers = caps[0].layers

@@ -24,6 +24,7 @@ from questprof.core.config import ConfigError, validate_budget, validate_page_si
 from questprof.commands.sweep_args import SweepArgs, check_backend, resolve_args
 from questprof.commands.sweep_say import announce, settings, skipped_lines
 from questprof.core.scenarios import configs_from_args
+from questprof.fidelity.models import model_path
 from questprof.measure import cupti, ncu
 from questprof.workload.flashinfer import missing_reason
 from questprof.workload.pools import check_cache
@@ -45,7 +46,8 @@ def check_shape(shape, backend) -> None:
 
 
 def check_extras(args: SweepArgs, backend) -> None:
-    """--bytes, --e2e and --gpus before any work: a clear error instead of a failure later."""
+    """--bytes, --e2e, --gpus and --fidelity-model before any work: a clear error instead of a
+    failure later."""
     if args.bytes_source not in BYTE_SOURCES:
         raise ConfigError(f"--bytes {args.bytes_source!r}: expected auto, cupti, ncu or none")
     if args.bytes_source in ("cupti", "ncu") and not backend.is_gpu:
@@ -63,6 +65,11 @@ def check_extras(args: SweepArgs, backend) -> None:
         have = cupy.cuda.runtime.getDeviceCount()
         if args.gpus > have:
             raise ConfigError(f"--gpus {args.gpus}: this host has {have} GPU(s)")
+    if args.fidelity_model and args.fidelity is not False:  # asked for: said now, not at the end
+        from questprof.commands.fidelity import check_needs
+
+        check_needs("passkey", args.fidelity_model, "sweep --fidelity-model")
+        model_path(args.fidelity_model)
 
 
 def byte_source(asked: str, backend) -> tuple[str | None, dict]:

@@ -130,7 +130,8 @@ def read_table(path, layers: int | None = None) -> BudgetTable:
     when `layers` is given and the table has another number of layers."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"budget table {path} not found")
+        raise ConfigError(f"budget table {path} " + ("is a directory: name its budgets.toml"
+                                                      if path.is_dir() else "not found"))
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -345,7 +345,8 @@ def configs_from_args(args: dict):
         if args.get(name) is not None and args[name] < least:
             raise ConfigError(f"--{name} {args[name]} must be at least {least}")
     scenario = load_scenario(args["scenario"], ShapeOptions.from_args(args))
-    modes = args["mode"].split(",") if args.get("mode") else None
+    given = args.get("mode")  # "" is a mode list with none in it, refused by check_modes
+    modes = [m.strip() for m in given.split(",")] if given is not None else None
     configs = expand(scenario, lengths=args.get("lengths"), batches=args.get("batch"),
                      page_sizes=args.get("page_size"), budgets=args.get("budget"), modes=modes,
                      tiers={k: args.get(k) for k in TIER_DEFAULTS})

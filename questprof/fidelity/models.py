@@ -134,15 +134,25 @@ def known_shape(spec: str):
         return None
 
 
-def load_model(spec: str, seed: int = 0) -> LoadedModel:
-    """The model named by spec (a path, 'smollm2', 'random:<shape>'); ConfigError if unusable."""
+def model_path(spec: str) -> Path | None:
+    """The file or folder spec names (None for 'random:<shape>', whose scenario is checked);
+    ConfigError when there is none, before anything loads."""
     if spec.startswith("random:"):
-        return _random(spec.split(":", 1)[1], seed)
+        load_scenario(spec.split(":", 1)[1])
+        return None
     path = smollm2_path() if spec == "smollm2" else Path(spec).expanduser()
     if not path.exists():
         raise ConfigError(f"model {path} not found (a .gguf file or a transformers folder)")
     if path.is_file() and path.suffix != ".gguf":
         raise ConfigError(f"model {path}: expected a .gguf file or a transformers folder")
+    return path
+
+
+def load_model(spec: str, seed: int = 0) -> LoadedModel:
+    """The model named by spec (a path, 'smollm2', 'random:<shape>'); ConfigError if unusable."""
+    path = model_path(spec)
+    if path is None:
+        return _random(spec.split(":", 1)[1], seed)
     try:
         model, tokenizer = _from_path(path)
     except (ValueError, OSError, KeyError, RuntimeError, struct.error) as exc:  # struct: gguf's

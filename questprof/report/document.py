@@ -23,6 +23,7 @@ import pandas as pd
 
 from questprof.core import model
 from questprof.core.fp8 import E4M3
+from questprof.results import write_atomic
 from questprof.report import amdahl, figures, frames, hardware, measured_bytes, parallel
 from questprof.report import tier as tier_report
 from questprof.report import fidelity as fidelity_report
@@ -297,7 +298,7 @@ def write_report(df: pd.DataFrame, meta: dict, path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"results_dir": str(path.parent), **(meta or {})}
     body, title, with_plotly = _body(df, meta)
-    path.write_text(page(title, body, with_plotly), encoding="utf-8")
+    write_atomic(path, page(title, body, with_plotly))  # Ctrl-C leaves the old page whole
     return path
 
 

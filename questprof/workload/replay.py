@@ -50,6 +50,11 @@ def check_replay(replay: Replay | None, cfg) -> None:
                           "KV head (the shared modes); per-head's union of G selections is not built")
     if (replay.overlap is None) == (replay.trace is None):
         raise ConfigError("give one of --reuse-overlap R and --reuse-trace FILE")
+    if replay.overlap is not None and not 0.0 <= replay.overlap <= 1.0:  # NaN too
+        raise ConfigError(f"--reuse-overlap {replay.overlap}: the share of a step's pages the "
+                          "next step keeps, 0..1")
+    if replay.trace is None and replay.steps < 2:
+        raise ConfigError(f"--reuse-steps {replay.steps}: a synthetic trace needs at least 2")
 
 
 def trace_for(replay: Replay, cfg) -> Trace:
