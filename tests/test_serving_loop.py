@@ -509,6 +509,37 @@ def test_cuda_readings_are_read_after_the_run(monkeypatch):
     assert step["model_rest_ms"] == pytest.approx(12) and step["python_ms"] == pytest.approx(1)
 
 
+def test_the_clock_reads_nothing_while_a_forward_is_captured_as_a_cuda_graph(monkeypatch):
+    """serve --engine transformers --cuda-graph: while transformers captures a forward, the
+    hooks take no reading and copy no device tensor (a copy there fails the capture); the
+    forwards run eagerly are timed as before."""
+    import torch
+    from questprof.serving.step_time import StepClock
+
+    class DeviceLengths:  # a device tensor: copying it to the host fails while capturing
+        def tolist(self):
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during capture")
+
+    class Model(torch.nn.Module):
+        def forward(self, x, cu_seq_lens_q=None, cu_seq_lens_k=None):
+            return x
+
+    clock = StepClock(device="cuda:0")
+    readings = iter(range(100))
+    monkeypatch.setattr(clock, "now", lambda: next(readings))
+    capturing = [True]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    model = Model()
+    with clock.watching(model):
+        model(torch.zeros(1), cu_seq_lens_q=DeviceLengths(), cu_seq_lens_k=DeviceLengths())
+        assert clock.forwards == []
+        capturing[0] = False
+        lengths = torch.tensor([0, 1, 2])
+        model(torch.zeros(1), cu_seq_lens_q=lengths, cu_seq_lens_k=torch.tensor([0, 9, 20]))
+    (eager,) = clock.forwards
+    assert (eager.start, eager.end, eager.decode, eager.prefill_tokens) == (0, 1, 2, 0)
+
+
 def test_rounds_run_the_grid_back_and_forth_and_the_report_takes_medians(config_json, tmp_path,
                                                                            on_cpu):
     """--rounds 3: dense, quest / quest, dense / dense, quest in one process, each run's rows

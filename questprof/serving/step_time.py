@@ -27,6 +27,10 @@ each reading, as these did until 2026-12-02, exposed the host's launch time of e
 it: 64 waits per decode step of a 32-layer model). A part is then the GPU's time from its first
 reading to its last, which holds the kernels and any wait of the GPU for the host between them;
 where the host runs ahead, the host's own time hides behind the GPU's, as it does in the run.
+While transformers captures a forward as a CUDA graph (serve --cuda-graph) the timers read
+nothing: a reading there would be a node of the graph and the lengths are device tensors that
+cannot be copied while capturing; the graph's replays call no hook, so the forwards timed are
+those transformers runs eagerly.
 """
 
 from __future__ import annotations
@@ -76,6 +80,13 @@ class StepClock:
         event.record(torch.cuda.current_stream(self.device))
         return event
 
+    def capturing(self) -> bool:
+        """The current stream is being captured as a CUDA graph (no reading may be taken)."""
+        if not self.events:
+            return False
+        import torch
+        return torch.cuda.is_current_stream_capturing()
+
     def add(self, part: str, start, end) -> None:
         """A span of `part` from reading `start` to `end`, in the current forward."""
         if self.forwards:
@@ -122,6 +133,8 @@ class StepClock:
             PagedAttentionCache = update = None
 
         def timed_update(cache, *args, **kwargs):
+            if self.capturing():
+                return update(cache, *args, **kwargs)
             t0 = self.now()
             try:
                 return update(cache, *args, **kwargs)
@@ -129,11 +142,15 @@ class StepClock:
                 self.add("cache", t0, self.now())
 
         def start(_, args, kwargs):
-            self.forwards.append(Forward(self.now(), **batch_of(kwargs)))
+            if not self.capturing():
+                self.forwards.append(Forward(self.now(), **batch_of(kwargs)))
+
+        def end(*_):
+            if self.forwards and not self.capturing():
+                self.forwards[-1].end = self.now()
 
         pre = model.register_forward_pre_hook(start, with_kwargs=True)
-        post = model.register_forward_hook(lambda *_: setattr(self.forwards[-1], "end",
-                                                              self.now()))
+        post = model.register_forward_hook(end)
         if update is not None:
             PagedAttentionCache.update = timed_update
         try:
