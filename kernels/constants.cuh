@@ -52,11 +52,11 @@ constexpr int TK_THREAD_OPTIONS[] = {256, 512, 1024};
 // (backends/variants.py, topk_form) or by QP_TUNE tk_keys.
 constexpr int TK_REG_KEYS[] = {0, 4, 8, 16};
 
-// page_cache.cu: the step's CTA (one per (request, KV head): its loops run over K chosen pages and
-// C slots, each slot's rank among C keys, so C^2 / PC_THREADS compares) and the fill's (one per
-// miss, one 16-byte word of K and one of V per thread at S 16, d 128, as gather.cu). A table of C
-// slots takes 8 C + 12 K bytes of shared memory: C <= PC_MAX_SLOTS keeps it under 48 KiB. Not yet
-// run on a GPU (notes/BYTES.md).
+// page_cache.cu: the step's CTA (one per (request, KV head): its passes run over K chosen pages
+// and C slots, whose keys it sorts in shared memory) and the fill's (one per miss, one 16-byte
+// word of K and one of V per thread at S 16, d 128, as gather.cu). A table of C slots takes
+// 8 n + 12 K bytes of shared memory, n = C rounded up to a power of two: C <= PC_MAX_SLOTS keeps
+// it under 48 KiB. PC_THREADS is a multiple of 32 (the step's ballot scan).
 constexpr int PC_THREADS = 256;
 constexpr int PC_FILL_THREADS = 256;
 constexpr int PC_MAX_SLOTS = 2048;

@@ -4,7 +4,7 @@
 // pinned host memory. One decode step is two launches, both on PageCacheParams (params.cuh):
 //   page_cache_step  one CTA per (request, KV head): looks the step's chosen pages up in the
 //                    residency table (hits), gives each miss a slot (free slots first, then the
-//                    least recently chosen pages not chosen now), keeps the tail page in slot
+//                    least recently chosen pages not chosen now: a sort of the C slot keys), keeps the tail page in slot
 //                    C - 1 (a swap in HBM where it sat elsewhere), and writes the remapped
 //                    selection (slot ids), the misses to fetch and the step's hit/miss counts;
 //   page_cache_fill  one CTA per (miss, request, KV head), as gather.cu: copies each miss from
@@ -36,28 +36,50 @@ QP_DEVICE void swap_slots(uint4* k, uint4* v, long long a, long long z, int word
   }
 }
 
-// Thread 0: the tail page to slot C - 1 (the reference's _tail_swap); returns the slot it left
-// (-1: none) and whether the tail's and the other page's contents move.
-QP_DEVICE int tail_to_last(int* page, int* stamp, int* resident, const int* missed, int n_miss,
-                           int tail, int C, bool& tail_moves, bool& other_moves) {
-  const int at = resident[tail], last = C - 1;
-  if (at == last || at < 0) return -1;  // at < 0: a selection without its tail (refused on the host)
-  const int other = page[last];
-  bool other_new = false;
-  for (int m = 0; m < n_miss; ++m) other_new |= missed[m] == other;
-  tail_moves = !(n_miss > 0 && missed[n_miss - 1] == tail);  // sel ascending: the tail is last
-  other_moves = other >= 0 && !other_new;
-  page[last] = tail, page[at] = other;
-  const int st = stamp[last];
-  stamp[last] = stamp[at], stamp[at] = st;
-  resident[tail] = last;
-  if (other >= 0) resident[other] = at;
-  return at;
+// The block's exclusive prefix count of `flag` over its threads (in thread order) and, in
+// `total`, the block's count. Every thread calls it; blockDim.x a multiple of 32, at most 1024.
+QP_DEVICE int block_rank(bool flag, int& total, int* warp_counts) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0;
+  total = 0;
+  for (int w = 0; w < warps; ++w) {
+    before += w < warp ? warp_counts[w] : 0;
+    total += warp_counts[w];
+  }
+  __syncthreads();  // warp_counts is free for the next call
+  return before + __popc(ballot & ((1u << lane) - 1u));
 }
 
+// Sort n (a power of two) keys ascending in shared memory (bitonic: log2(n)^2 / 2 passes).
+QP_DEVICE void block_sort(unsigned long long* keys, int n) {
+  for (int k = 2; k <= n; k <<= 1)
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int l = i ^ j;
+        if (l > i) {
+          const unsigned long long a = keys[i], z = keys[l];
+          if ((a > z) == ((i & k) == 0)) keys[i] = z, keys[l] = a;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+// Where a slot id lands when the tail's slot `at` and the last slot swap pages (at < 0: none).
+QP_DEVICE int swapped(int slot, int at, int last) {
+  return at < 0 ? slot : slot == at ? last : slot == last ? at : slot;
+}
+
+// One CTA per (request, KV head). Every global round trip is one pass of the block: the
+// selection and its residency, the slots' pages and stamps, the free or evicted slots' owners,
+// then the tail; the misses are ranked by a ballot scan and the slots they take found by a sort
+// of the C slot keys in shared memory (no loop of one thread over K or C entries).
 extern "C" __global__ void __launch_bounds__(PC_THREADS) page_cache_step(const PageCacheParams p) {
   const PagedCache& c = p.cache;
-  const int b = blockIdx.x, h = blockIdx.y, C = p.capacity, K = p.k_pages;
+  const int b = blockIdx.x, h = blockIdx.y, C = p.capacity, K = p.k_pages, last = C - 1;
   const long long row = (long long)h * c.batch + b;
   int* page = p.slot_page + row * C;
   int* stamp = p.slot_stamp + row * C;
@@ -65,41 +87,51 @@ extern "C" __global__ void __launch_bounds__(PC_THREADS) page_cache_step(const P
   const int tail = c.indptr[b + 1] - c.indptr[b] - 1;
   const int t = p.clock[row] + 1;
   const int* sel = p.sel + (((long long)((t - 1) % p.steps) * c.kv_heads + h) * c.batch + b) * K;
-  extern __shared__ unsigned long long pc_keys[];           // [C]
-  int* missed = reinterpret_cast<int*>(pc_keys + C);        // [K] positions of the misses
+  int n = 1;  // the sort's length: C rounded up to a power of two
+  while (n < C) n <<= 1;
+  extern __shared__ unsigned long long pc_keys[];           // [n] slot keys, sorted
+  int* missed = reinterpret_cast<int*>(pc_keys + n);        // [K] positions of the misses
   int* dest = missed + K;                                   // [K] the slot of each miss
-  int* is_miss = dest + K;                                  // [K]
-  __shared__ int s_hits, s_misses, s_at;
-  __shared__ bool s_tail_moves, s_other_moves;
-  if (threadIdx.x == 0) s_hits = 0, s_misses = 0;
+  int* slot_of = dest + K;                                  // [K] sel j's slot; -2 - rank: a miss
+  __shared__ int warp_counts[PC_THREADS / 32];
+  __shared__ int s_tail_j, s_at, s_hits, s_misses;
+  __shared__ bool s_last_new, s_tail_moves, s_other_moves;
+  if (threadIdx.x == 0) s_tail_j = -1, s_last_new = false, s_hits = 0, s_misses = 0;
   __syncthreads();
-  for (int j = threadIdx.x; j < K; j += blockDim.x) {  // hits take the step's stamp
-    const int pos = sel[j], slot = pos >= 0 ? resident[pos] : -1;
-    is_miss[j] = pos >= 0 && slot < 0;
-    if (slot >= 0) stamp[slot] = t, atomicAdd(&s_hits, 1);
+  // hits take the step's stamp; misses get their rank among the misses (selection order)
+  for (int base = 0; base < K; base += blockDim.x) {
+    const int j = base + threadIdx.x;
+    const int pos = j < K ? sel[j] : -1, slot = pos >= 0 ? resident[pos] : -1;
+    const bool miss = pos >= 0 && slot < 0;
+    if (slot >= 0) stamp[slot] = t;
+    if (pos == tail) s_tail_j = j;
+    int hits, misses;
+    const int rank = block_rank(miss, misses, warp_counts);
+    block_rank(slot >= 0, hits, warp_counts);
+    if (miss) missed[s_misses + rank] = pos;
+    if (j < K) slot_of[j] = miss ? -2 - (s_misses + rank) : slot;
+    __syncthreads();
+    if (threadIdx.x == 0) s_hits += hits, s_misses += misses;
+    __syncthreads();
   }
-  __syncthreads();
-  for (int j = threadIdx.x; j < K; j += blockDim.x) {  // a miss's rank: misses before it (K small)
-    if (!is_miss[j]) continue;
-    int rank = 0;
-    for (int i = 0; i < j; ++i) rank += is_miss[i];
-    missed[rank] = sel[j];
-    atomicAdd(&s_misses, 1);
-  }
-  for (int s = threadIdx.x; s < C; s += blockDim.x) pc_keys[s] = slot_key(page, stamp, s, t);
-  __syncthreads();
   const int n_miss = s_misses;
-  for (int s = threadIdx.x; s < C; s += blockDim.x) {  // the n_miss first slots in key order
-    const unsigned long long key = pc_keys[s];
-    if (key == PC_CHOSEN_KEY) continue;
-    int rank = 0;
-    for (int i = 0; i < C && rank < n_miss; ++i) rank += pc_keys[i] < key;
-    if (rank < n_miss) dest[rank] = s;
+  for (int s = threadIdx.x; s < n; s += blockDim.x)
+    pc_keys[s] = s < C ? slot_key(page, stamp, s, t) : PC_CHOSEN_KEY;
+  __syncthreads();
+  block_sort(pc_keys, n);
+  // the n_miss first slots in key order: free ones carry their slot id, held ones their page
+  for (int m = threadIdx.x; m < n_miss; m += blockDim.x) {
+    const unsigned long long key = pc_keys[m];
+    const bool held = key >> 32;
+    const int old = held ? (int)(unsigned)key : -1;
+    const int s = held ? resident[old] : (int)key;
+    dest[m] = s;
+    if (s == last) s_last_new = true;
   }
   __syncthreads();
   for (int m = threadIdx.x; m < n_miss; m += blockDim.x) {  // evict, then place the miss
-    const int s = dest[m], old = page[s];
-    if (old >= 0) resident[old] = -1;
+    const unsigned long long key = pc_keys[m];
+    if (key >> 32) resident[(unsigned)key] = -1;
   }
   __syncthreads();
   for (int m = threadIdx.x; m < n_miss; m += blockDim.x) {
@@ -107,24 +139,39 @@ extern "C" __global__ void __launch_bounds__(PC_THREADS) page_cache_step(const P
     page[s] = missed[m], stamp[s] = t, resident[missed[m]] = s;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    bool tail_moves = false, other_moves = false;
-    s_at = tail_to_last(page, stamp, resident, missed, n_miss, tail, C, tail_moves, other_moves);
-    s_tail_moves = tail_moves, s_other_moves = other_moves;
+  if (threadIdx.x == 0) {  // the tail page to slot C - 1 (the reference's _tail_swap)
+    const int tj = s_tail_j;  // the host refuses a selection without its tail
+    const int sj = tj >= 0 ? slot_of[tj] : -1;
+    const int at = tj < 0 ? resident[tail] : sj >= 0 ? sj : dest[-2 - sj];
+    s_at = -1;
+    if (at >= 0 && at != last) {
+      const int other = page[last];
+      const int st = stamp[last];
+      s_tail_moves = tj < 0 || sj >= 0;  // a tail fetched now is fetched into the last slot
+      s_other_moves = other >= 0 && !s_last_new;
+      page[last] = tail, page[at] = other;
+      stamp[last] = stamp[at], stamp[at] = st;
+      resident[tail] = last;
+      if (other >= 0) resident[other] = at;
+      s_at = at;
+    }
   }
   __syncthreads();
-  if (s_at >= 0 && (s_tail_moves || s_other_moves)) {
+  const int at = s_at;
+  if (at >= 0 && (s_tail_moves || s_other_moves)) {
     const long long slot0 = (long long)b * C;
     swap_slots(static_cast<uint4*>(p.k_slots), static_cast<uint4*>(p.v_slots),
-               ((slot0 + s_at) * c.kv_heads + h) * p.page_words,
-               ((slot0 + C - 1) * c.kv_heads + h) * p.page_words, p.page_words, s_tail_moves,
+               ((slot0 + at) * c.kv_heads + h) * p.page_words,
+               ((slot0 + last) * c.kv_heads + h) * p.page_words, p.page_words, s_tail_moves,
                s_other_moves);
   }
-  for (int j = threadIdx.x; j < K; j += blockDim.x)
-    p.slot_sel[row * K + j] = sel[j] >= 0 ? resident[sel[j]] : -1;
+  for (int j = threadIdx.x; j < K; j += blockDim.x) {
+    const int sj = slot_of[j];
+    p.slot_sel[row * K + j] = sj == -1 ? -1 : swapped(sj >= 0 ? sj : dest[-2 - sj], at, last);
+  }
   for (int m = threadIdx.x; m < n_miss; m += blockDim.x) {
     p.fetch[row * K + m] = missed[m];
-    p.fetch_slot[row * K + m] = resident[missed[m]];
+    p.fetch_slot[row * K + m] = swapped(dest[m], at, last);
   }
   if (threadIdx.x == 0) {
     p.clock[row] = t;

@@ -43,12 +43,14 @@ def _cache(host, trace, capacity):
     return CupyPageCache(host, cupy.asarray(trace.sel), cupy.asarray(trace.count), capacity)
 
 
-@pytest.mark.parametrize("capacity", [8, 11])
-def test_the_step_kernel_keeps_the_reference_tables(gpu, capacity):
+@pytest.mark.parametrize("capacity, k_pages", [(8, 8), (11, 8), (40, 24), (300, 260)])
+def test_the_step_kernel_keeps_the_reference_tables(gpu, capacity, k_pages):
+    """C a power of two and not (the sort's padding), K past the CTA's threads (the ballot
+    scan's chunks), over a trace that wraps around once."""
     import cupy
 
     kv, host, _ = _host_pool("fp16")
-    trace = reuse_trace.synthetic(LENGTHS, S, 8, KV_HEADS, 10, 0.6, seed=4)
+    trace = reuse_trace.synthetic(LENGTHS, S, k_pages, KV_HEADS, 10, 0.6, seed=4)
     cache = _cache(host, trace, capacity)
     pages = np.diff(cupy.asnumpy(kv.kv_indptr))
     tables = [[SlotTable(capacity) for _ in LENGTHS] for _ in range(KV_HEADS)]

@@ -61,7 +61,8 @@ class CupyPageCache:
                                   **self.tables, steps=int(sel.shape[0]), k_pages=k,
                                   capacity=capacity, nnz=int(kv.kv_indices.shape[0]),
                                   page_words=words)
-        self.shared = 8 * capacity + 12 * k  # page_cache.cu: keys [C], three [K] int arrays
+        sort = 1 << (capacity - 1).bit_length()  # C rounded up to a power of two
+        self.shared = 8 * sort + 12 * k  # page_cache.cu: keys [sort], three [K] int arrays
 
     def step(self):
         """One decode step (two launches): (the slots' view, slot_sel [Hkv, B, K], count [B])."""
