@@ -514,7 +514,7 @@ def test_the_clock_reads_nothing_while_a_forward_is_captured_as_a_cuda_graph(mon
     hooks take no reading and copy no device tensor (a copy there fails the capture); the
     forwards run eagerly are timed as before."""
     import torch
-    from questprof.serving.step_time import StepClock
+    from questprof.serving.step_time import StepClock, step_parts
 
     class DeviceLengths:  # a device tensor: copying it to the host fails while capturing
         def tolist(self):
@@ -538,6 +538,8 @@ def test_the_clock_reads_nothing_while_a_forward_is_captured_as_a_cuda_graph(mon
         model(torch.zeros(1), cu_seq_lens_q=lengths, cu_seq_lens_k=torch.tensor([0, 9, 20]))
     (eager,) = clock.forwards
     assert (eager.start, eager.end, eager.decode, eager.prefill_tokens) == (0, 1, 2, 0)
+    # the graph's replays call no hook: the eager forward's "step" would span them
+    assert clock.captured == 1 and step_parts(clock) == []
 
 
 def test_rounds_run_the_grid_back_and_forth_and_the_report_takes_medians(config_json, tmp_path,

@@ -29,8 +29,9 @@ reading to its last, which holds the kernels and any wait of the GPU for the hos
 where the host runs ahead, the host's own time hides behind the GPU's, as it does in the run.
 While transformers captures a forward as a CUDA graph (serve --cuda-graph) the timers read
 nothing: a reading there would be a node of the graph and the lengths are device tensors that
-cannot be copied while capturing; the graph's replays call no hook, so the forwards timed are
-those transformers runs eagerly.
+cannot be copied while capturing. The graph's replays call no hook either, so the readings of
+such a run miss the replayed forwards and a "step" would span every replay up to the next eager
+forward: a run that captured any forward has no step parts (its tokens are timed all the same).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class StepClock:
 
     def __init__(self, device=None) -> None:
         self.forwards: list[Forward] = []
+        self.captured = 0  # forwards captured as CUDA graphs (not timed: see the module)
         self.device = device
         self.events = device is not None  # readings are events not read yet
 
@@ -142,7 +144,9 @@ class StepClock:
                 self.add("cache", t0, self.now())
 
         def start(_, args, kwargs):
-            if not self.capturing():
+            if self.capturing():
+                self.captured += 1
+            else:
                 self.forwards.append(Forward(self.now(), **batch_of(kwargs)))
 
         def end(*_):
@@ -196,7 +200,10 @@ def split(f: Forward, next_start: float | None) -> dict:
 
 
 def step_parts(clock: StepClock) -> list[dict]:
-    """One dict per forward of the run, in order (see split)."""
+    """One dict per forward of the run, in order (see split); none where a forward was
+    captured as a CUDA graph (the module says why)."""
+    if clock.captured:
+        return []
     clock.read()
     done = [f for f in clock.forwards if f.end is not None]  # a forward that finished
     return [split(f, done[i + 1].start if i + 1 < len(done) else None)
