@@ -1,11 +1,13 @@
 """tools/page_cache_probe.py: where the time of attention through the HBM page cache goes.
 
-python3 tools/page_cache_probe.py [--overlap R] [--capacity C] [--layers L] [--repeats N]
+python3 tools/page_cache_probe.py [--length N] [--batch B] [--budget T] [--capacity C]
+                                  [--overlap R] [--layers L] [--repeats N]
 The sweep's row "attention through the cache" (workload/replay.py) is one launch of each of
 page_cache_step, page_cache_fill (kernels/page_cache.cu) and sparse attention over the HBM
 slots. This times them apart and together, in CUDA graphs over L layers' pools, on the host
-tier's example shape (Llama-3.1-8B: 8 KV heads of 128 dims, fp16, page 16, 32K tokens, batch 1,
-budget 2048, shared selection) replaying a synthetic trace that keeps R of each step's pages:
+tier's example shape (Llama-3.1-8B: 8 KV heads of 128 dims, fp16, page 16; by default 32K tokens,
+batch 1, budget 2048, C 256, shared selection) replaying a synthetic trace that keeps R of each
+step's pages:
   step + fill + attention   the sweep's row
   step alone                 the lookup, eviction and tail swap (graph replays advance it)
   step + fill                the misses read in place from host memory into their slots
@@ -24,10 +26,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-S, LENGTH, BUDGET = 16, 32768, 2048
+S = 16
 
 
-def pools(layers: int, capacity: int, overlap: float, steps: int):
+def pools(layers: int, length: int, batch: int, budget: int, capacity: int, overlap: float,
+          steps: int):
     """[(cache, q)] per layer: a host-tier pool with its page cache over the synthetic trace,
     warmed by one pass."""
     import cupy
@@ -38,10 +41,10 @@ def pools(layers: int, capacity: int, overlap: float, steps: int):
     from tools.host_tier_check import KV_HEADS, _pool
 
     rng, out = np.random.default_rng(3), []
-    trace = synthetic([LENGTH], S, BUDGET // S, KV_HEADS, steps, overlap, seed=0)
+    trace = synthetic([length] * batch, S, budget // S, KV_HEADS, steps, overlap, seed=0)
     sel, count = cupy.asarray(trace.sel), cupy.asarray(trace.count)
     for _ in range(layers):
-        kv, q = _pool(rng, [LENGTH], spare=0)
+        kv, q = _pool(rng, [length] * batch, spare=0)
         cache = CupyPageCache(host_tier(kv), sel, count, capacity)
         del kv
         for _ in range(steps):
@@ -73,6 +76,9 @@ def launches(cache, q, parts: str):
 def main() -> None:
     parser = argparse.ArgumentParser(prog="tools/page_cache_probe.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--length", type=int, default=32768)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--budget", type=int, default=2048, help="tokens (K = budget / 16)")
     parser.add_argument("--overlap", type=float, default=0.82)
     parser.add_argument("--capacity", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
@@ -85,7 +91,8 @@ def main() -> None:
     from questprof.measure.timing import time_layers
 
     backend = get_backend("cupy")
-    layers = pools(args.layers, args.capacity, args.overlap, args.steps)
+    layers = pools(args.layers, args.length, args.batch, args.budget, args.capacity,
+                   args.overlap, args.steps)
     rows = {}
     for name, parts in (("step + fill + attention", "sfa"), ("step alone", "s"),
                         ("step + fill", "sf"), ("attention over the slots", "a")):
@@ -100,7 +107,7 @@ def main() -> None:
     page = 2 * S * cache.kv.head_dim * cache.kv.k.dtype.itemsize  # K and V, one KV head
     ceil = measure_link_ceilings()
     miss = rows["step + fill + attention"][1]
-    link = miss * (BUDGET // S) * cache.kv.kv_heads * page
+    link = miss * (args.budget // S) * cache.kv.kv_heads * args.batch * page
     link_us = link / (ceil["zero_copy_gbs"] * 1e3)
     print(f"link ceilings: copy {ceil['copy_gbs']:.1f} GB/s, zero-copy "
           f"{ceil['zero_copy_gbs']:.1f} GB/s; misses' bytes per layer {link / 1e6:.2f} MB")
