@@ -27,9 +27,11 @@ META = "meta.json"
 # Link bytes counted over the host tier (commands/link_bytes.py), or why not (link_reason)
 LINK_MEASURED = ("measured_link_bytes", "calibrated_link_bytes", "link_factor", "link_reason")
 # An HBM page cache replaying a selection sequence (workload/replay.py): the device's counts of
-# the timed steps, the replayed miss rate of the same steps, the misses' link bytes per layer
+# the timed steps, the replayed miss rate of the same steps, the misses' link bytes per layer,
+# and the timed steps' mean ms per layer (the time of exactly the steps counted)
 CACHE_REPLAYED = ("cache_steps", "cache_hits", "cache_misses", "cache_miss_rate",
-                  "replayed_miss_rate", "cache_link_bytes", "reuse_source", "reuse_overlap")
+                  "replayed_miss_rate", "cache_link_bytes", "reuse_source", "reuse_overlap",
+                  "mean_ms")
 COLUMNS = (
     "scenario", "model", "layers", "q_heads", "kv_heads", "head_dim", "dtype", "length", "batch",
     "page_size", "budget", "k_pages", "pages", "mode", "seed", "config_key", "stage", "impl",

@@ -190,6 +190,33 @@ def test_a_cpu_sweep_replays_reuse_through_the_page_cache(tmp_path):
     assert rows["dense"].get("cache_steps") is None
 
 
+def test_a_replay_counts_the_timed_passes_only_and_their_mean_time(tmp_path):
+    """The untimed passes (warmup) run steps of the trace too: the counts, the replayed miss rate
+    and mean_ms are of the timed passes alone, the same steps."""
+    from questprof.measure import timing
+
+    seen = []
+    real = timing._time_cpu
+
+    def spy(run_layer, layers, warmup, repeats, timed):
+        assert (warmup, repeats) == (3, 2)
+        got = real(run_layer, layers, warmup, repeats, timed)
+        seen.append(got.samples_ms)
+        return got
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timing, "_time_cpu", spy)
+        got, out = _sweep(tmp_path, "--kv-tier", "host", "--hbm-pages", "32", "--reuse-overlap",
+                          "0.8", "--reuse-steps", "8", "--warmup", "3", "--repeats", "2")
+    assert got.exit_code == 0, got.output
+    rows = [r for r in results.read_rows(out) if r.get("cache_steps")]
+    assert sorted(r["stage"] for r in rows) == ["attention", "quest"]
+    means = {round(float(np.mean(s)), 12) for s in seen}
+    for r in rows:
+        assert r["cache_steps"] == 2  # the 2 timed passes, not the 3 warmup passes before them
+        assert round(r["mean_ms"], 12) in means
+
+
 @pytest.mark.parametrize("args, said", [
     (["--kv-tier", "host", "--hbm-pages", "1.5"], "as an integer"),
     (["--hbm-pages", "32"], "an HBM page cache serves a cache in host memory"),
@@ -232,6 +259,13 @@ def test_the_report_shows_hit_rate_against_c_and_the_model(tmp_path):
     replayed = html[html.index("HBM page cache, replayed selections"):]
     assert "counted link / model" in replayed and "--bytes cupti" in replayed
     assert re.search(r">-</td>\s*<td[^>]*>-</td>", replayed), replayed
+    # us / layer is the timed passes' mean (the steps counted), the median where there is none
+    mean = df["stage"] == "attention"
+    df.loc[mean, "mean_ms"], df.loc[mean, "median_ms"] = 0.4321, 0.1234
+    df.loc[df["stage"] == "quest", ["mean_ms", "median_ms"]] = [float("nan"), 0.5678]
+    shown = report_tier.section(df, meta)
+    shown = shown[shown.index("HBM page cache, replayed selections"):]
+    assert ">432.1<" in shown and ">123.4<" not in shown and ">567.8<" in shown
     meta = {**meta, "link_ceilings": {"zero_copy_gbs": 50.0, "copy_gbs": 55.0},
             "ceilings": {"read_gbs": 4000.0}}
     rows = df[df["stage"] == "attention"]

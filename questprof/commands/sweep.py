@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from questprof.backends import timing_backend
 from questprof.commands import link_bytes, sweep_table
 from questprof.commands.sweep_meta import resumed_meta, sweep_meta
@@ -146,14 +148,15 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: d
     """(timing summary, measured-bytes fields) of one (stage, impl) on a prepared workload."""
     launch = _launcher(work, stage, impl, flashinfer, opts.budget_table)
     replay = work.replay if impl == OURS and stage in REPLAYED else None
-    if replay is not None:
-        replay.begin()
+    # a replay counts the timed passes' steps only (begin after the untimed ones)
     t = time_layers(work.backend, launch, work.layers, opts.warmup, opts.repeats, opts.graph,
-                    uses_torch=impl != OURS)
+                    uses_torch=impl != OURS, timed=replay.begin if replay is not None else None)
     timing = {**t.summary(), "note": t.note}
     got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
-    # the timed steps' counts, before a byte pass runs more steps
-    cache = _replayed(work, stage, replay) if replay is not None else {}
+    # the timed steps' counts, before a byte pass runs more steps, and their mean time: the
+    # time of exactly the steps counted (a median leaves out a trace's slow steps, its wrap)
+    cache = ({**_replayed(work, stage, replay), "mean_ms": float(np.mean(t.samples_ms))}
+             if replay is not None else {})
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":
         got = {**_bytes(work, stage, state, t.median), **_link(work, stage, state, t.median)}
     elif impl == OURS:  # why the host tier's link is not counted ({} over HBM, or summed)

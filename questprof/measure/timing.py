@@ -60,9 +60,11 @@ def _pass(run_layer: Callable[[int], object], layers: int) -> None:
         run_layer(layer)
 
 
-def _time_cpu(run_layer, layers: int, warmup: int, repeats: int) -> Timing:
+def _time_cpu(run_layer, layers: int, warmup: int, repeats: int, timed) -> Timing:
     for _ in range(warmup):
         _pass(run_layer, layers)
+    if timed is not None:
+        timed()
     samples = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -113,7 +115,7 @@ class _Streams:
 
 
 def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
-              uses_torch: bool) -> Timing:
+              uses_torch: bool, timed) -> Timing:
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -131,6 +133,9 @@ def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
                 note = f"CUDA graph capture failed ({type(exc).__name__}: {exc}); eager launches"
         for _ in range(warmup):
             run()
+        if timed is not None:
+            stream.synchronize()
+            timed()
         events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(repeats)]
         for start, end in events:
             start.record(stream)
@@ -144,17 +149,20 @@ def _time_gpu(run_layer, layers: int, warmup: int, repeats: int, graph: bool,
 
 
 def time_layers(backend, run_layer: Callable[[int], object], layers: int, warmup: int = 3,
-                repeats: int = 20, graph: bool = False, uses_torch: bool = False) -> Timing:
+                repeats: int = 20, graph: bool = False, uses_torch: bool = False,
+                timed: Callable[[], object] | None = None) -> Timing:
     """Time `run_layer(l)` for l in 0..layers-1 as one pass; ms per layer for each repeat.
 
     On a GPU backend run_layer must only launch work (no synchronisation, no host copies);
     uses_torch=True when it launches torch work, which then runs on the timed stream too.
+    `timed` runs once, after the untimed passes (the first launch, the warmup) have finished and
+    before the timed ones: what it starts counting counts the timed passes only.
     """
     if layers < 1 or repeats < 1 or warmup < 0:
         raise ValueError("layers and repeats must be at least 1, warmup at least 0")
     if getattr(backend, "is_gpu", False):
-        return _time_gpu(run_layer, layers, warmup, repeats, graph, uses_torch)
-    return _time_cpu(run_layer, layers, warmup, repeats)
+        return _time_gpu(run_layer, layers, warmup, repeats, graph, uses_torch, timed)
+    return _time_cpu(run_layer, layers, warmup, repeats, timed)
 
 
 def time_call(backend, fn: Callable[[], object], warmup: int = 3, repeats: int = 20,

@@ -154,7 +154,11 @@ def _replayed(df: pd.DataFrame, meta: dict) -> str:
     counted = (pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce")
                if "calibrated_link_bytes" in rows else pd.Series(float("nan"), index=rows.index))
     rows["link_ratio_cache"] = (counted / rows["link_bytes"]).round(4)  # NaN: not counted
-    rows["us"] = (rows["median_ms"] * 1e3).round(1)
+    # the mean of the timed passes: the steps the counts are of (rows before 2026-12-03 have
+    # only the median, which leaves out a trace's slowest steps)
+    mean = (pd.to_numeric(rows["mean_ms"], errors="coerce") if "mean_ms" in rows
+            else pd.Series(float("nan"), index=rows.index))
+    rows["us"] = (mean.fillna(rows["median_ms"]) * 1e3).round(1)
     rows["model_us"] = _model_us(rows, meta).round(1)
     rows["time_ratio"] = (rows["us"] / rows["model_us"]).round(3)
     rows["bytes_ok"], rows["time_ok"] = (_within(rows["link_ratio_cache"]),
@@ -173,10 +177,11 @@ def _replayed(df: pd.DataFrame, meta: dict) -> str:
             "through C pages per (request, KV head) in HBM, over a selection sequence with "
             f"reuse ({esc(str(rows['reuse_source'].iloc[0]))}): the device's hits beside the same "
             "steps replayed by the rule's reference; link MB are the misses' pages as the "
-            "device counted them; the model is the tier's bytes at the replayed miss rate, its "
-            "time those bytes at the run's zero-copy and HBM read ceilings; link bytes are "
-            "judged against the model only where CUPTI counted them (--bytes cupti), '-' "
-            "elsewhere.</p>"
+            "device counted them; us / layer is the mean of the timed passes, the steps "
+            "counted (the median where a run did not record it); the model is the tier's bytes "
+            "at the replayed miss rate, its time those bytes at the run's zero-copy and HBM "
+            "read ceilings; link bytes are judged against the model only where CUPTI counted "
+            "them (--bytes cupti), '-' elsewhere.</p>"
             + table(rows, cols, numeric=("hit", "hit_model", "link_mb", "link_ratio_cache",
                                          "us", "model_us", "time_ratio", "reuse_overlap")))
 
