@@ -45,8 +45,9 @@ def _cache(host, trace, capacity):
 
 @pytest.mark.parametrize("capacity, k_pages", [(8, 8), (11, 8), (40, 24), (300, 260)])
 def test_the_step_kernel_keeps_the_reference_tables(gpu, capacity, k_pages):
-    """C a power of two and not (the sort's padding), K past the CTA's threads (the ballot
-    scan's chunks), over a trace that wraps around once."""
+    """C a power of two and not (the sort's padding), over a trace that wraps around once; K
+    260 runs the ballot scan in two chunks of the CTA's 256 threads, the second of padding only
+    (the longest request has 63 pages, and C 300 holds every page: no eviction there)."""
     import cupy
 
     kv, host, _ = _host_pool("fp16")

@@ -1,7 +1,7 @@
 """tools/page_cache_probe.py: where the time of attention through the HBM page cache goes.
 
 python3 tools/page_cache_probe.py [--length N] [--batch B] [--budget T] [--capacity C]
-                                  [--overlap R] [--layers L] [--repeats N]
+                                  [--overlap R] [--steps T] [--layers L] [--repeats N]
 The sweep's row "attention through the cache" (workload/replay.py) is one launch of each of
 page_cache_step, page_cache_fill (kernels/page_cache.cu) and sparse attention over the HBM
 slots. This times them apart and together, in CUDA graphs over L layers' pools, on the host
@@ -13,8 +13,10 @@ step's pages:
   step + fill                the misses read in place from host memory into their slots
   attention over the slots   the step's remapped selection, HBM only
 and beside them the misses' bytes at the zero-copy ceiling measured in the run (the byte
-model's link time). Us per layer, median of the passes; the misses are counted over the timed
-passes only (before 2026-12-03 the untimed passes too). Prints a short table last.
+model's link time). Us per layer: the median and the mean of the timed passes (the mean is of
+the steps counted, as the sweep's mean_ms); the misses are counted over the timed passes only
+(before 2026-12-03 the untimed passes too, and only the median was printed). Prints a short
+table last.
 """
 
 from __future__ import annotations
@@ -101,21 +103,21 @@ def main() -> None:
                              repeats=args.repeats, graph=True,
                              timed=lambda: [cache.reset_counts() for cache, _ in layers])
         hits, misses, _ = (sum(x) for x in zip(*(cache.totals() for cache, _ in layers)))
-        rows[name] = (timing.median * 1e3, misses / max(hits + misses, 1) if "s" in parts
-                      else float("nan"))
+        rows[name] = (timing.median * 1e3, float(np.mean(timing.samples_ms)) * 1e3,
+                      misses / max(hits + misses, 1) if "s" in parts else float("nan"))
     cache = layers[0][0]
     page = 2 * S * cache.kv.head_dim * cache.kv.k.dtype.itemsize  # K and V, one KV head
     ceil = measure_link_ceilings()
-    miss = rows["step + fill + attention"][1]
+    miss = rows["step + fill + attention"][2]
     link = miss * (args.budget // S) * cache.kv.kv_heads * args.batch * page
     link_us = link / (ceil["zero_copy_gbs"] * 1e3)
     print(f"link ceilings: copy {ceil['copy_gbs']:.1f} GB/s, zero-copy "
           f"{ceil['zero_copy_gbs']:.1f} GB/s; misses' bytes per layer {link / 1e6:.2f} MB")
-    print("| launches | us per layer | miss rate |")
-    print("|---|---:|---:|")
-    for name, (us, rate) in rows.items():
-        print(f"| {name} | {us:.1f} | {rate:.3f} |")
-    print(f"| misses' bytes at the zero-copy ceiling | {link_us:.1f} | {miss:.3f} |")
+    print("| launches | us per layer (median) | mean | miss rate |")
+    print("|---|---:|---:|---:|")
+    for name, (us, mean, rate) in rows.items():
+        print(f"| {name} | {us:.1f} | {mean:.1f} | {rate:.3f} |")
+    print(f"| misses' bytes at the zero-copy ceiling | {link_us:.1f} | - | {miss:.3f} |")
 
 
 if __name__ == "__main__":

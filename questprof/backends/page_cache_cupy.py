@@ -61,7 +61,7 @@ class CupyPageCache:
                                   **self.tables, steps=int(sel.shape[0]), k_pages=k,
                                   capacity=capacity, nnz=int(kv.kv_indices.shape[0]),
                                   page_words=words)
-        sort = 1 << (capacity - 1).bit_length()  # C rounded up to a power of two
+        sort = 1 << (int(capacity) - 1).bit_length()  # C rounded up to a power of two
         self.shared = 8 * sort + 12 * k  # page_cache.cu: keys [sort], three [K] int arrays
 
     def step(self):

@@ -154,7 +154,9 @@ def _measure(work: Workload, stage: str, impl: str, opts: Options, flashinfer: d
     timing = {**t.summary(), "note": t.note}
     got = {"pipeline": flashinfer["peer"].pipeline(stage)} if impl == FLASHINFER else {}
     # the timed steps' counts, before a byte pass runs more steps, and their mean time: the
-    # time of exactly the steps counted (a median leaves out a trace's slow steps, its wrap)
+    # time of exactly the steps counted (a median leaves out a trace's slow steps, its wrap).
+    # The first timed pass starts on a drained stream (begin synchronises): its launch latency,
+    # a few us for a graph, is in the mean, once over the repeats
     cache = ({**_replayed(work, stage, replay), "mean_ms": float(np.mean(t.samples_ms))}
              if replay is not None else {})
     if opts.bytes_source == "cupti" and impl == OURS and stage != "quest":

@@ -33,6 +33,14 @@ def has_tier(df: pd.DataFrame) -> bool:
     return "kv_tier" in df and bool((df["kv_tier"] == "host").any())
 
 
+def _row_ms(rows: pd.DataFrame) -> pd.Series:
+    """A row's time per layer: the timed passes' mean where a page cache replay recorded it (the
+    steps its counts are of), else the median."""
+    mean = (pd.to_numeric(rows["mean_ms"], errors="coerce") if "mean_ms" in rows
+            else pd.Series(float("nan"), index=rows.index))
+    return mean.fillna(rows["median_ms"])
+
+
 def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     """One line per (configuration, stage) of our kernels, timed or with counted link bytes (a
     byte check's rows): us, link MB, link GB/s, and the dense-over-host time over the Quest
@@ -40,13 +48,14 @@ def _stages(rows: pd.DataFrame) -> pd.DataFrame:
     counted = (pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce").notna()
                if "calibrated_link_bytes" in rows else False)
     ours = rows[(rows["impl"] == "ours") & (rows["median_ms"].notna() | counted)].copy()
-    ours["us"] = ours["median_ms"] * 1e3
+    ours["ms"] = _row_ms(ours)
+    ours["us"] = ours["ms"] * 1e3
     ours["link_mb"] = ours["link_bytes"] / 1e6
-    ours["link_gbs"] = ours["link_bytes"] / (ours["median_ms"] * 1e-3) / 1e9
+    ours["link_gbs"] = ours["link_bytes"] / (ours["ms"] * 1e-3) / 1e9
     key = [k for k in KEY if k in ours]
     ours[key] = ours[key].astype(object).where(ours[key].notna(), "")  # NaN keys pair as equal
-    dense = ours[ours["stage"] == "dense"].set_index(key)["median_ms"]
-    quest = ours[ours["stage"] == "quest"].set_index(key)["median_ms"]
+    dense = ours[ours["stage"] == "dense"].set_index(key)["ms"]
+    quest = ours[ours["stage"] == "quest"].set_index(key)["ms"]
     speed = (dense / quest).rename("dense_over_quest").reset_index()
     ours = ours.merge(speed, on=key, how="left")
     ours["length"] = ours["length"].map(fmt_tokens)
@@ -154,11 +163,7 @@ def _replayed(df: pd.DataFrame, meta: dict) -> str:
     counted = (pd.to_numeric(rows["calibrated_link_bytes"], errors="coerce")
                if "calibrated_link_bytes" in rows else pd.Series(float("nan"), index=rows.index))
     rows["link_ratio_cache"] = (counted / rows["link_bytes"]).round(4)  # NaN: not counted
-    # the mean of the timed passes: the steps the counts are of (rows before 2026-12-03 have
-    # only the median, which leaves out a trace's slowest steps)
-    mean = (pd.to_numeric(rows["mean_ms"], errors="coerce") if "mean_ms" in rows
-            else pd.Series(float("nan"), index=rows.index))
-    rows["us"] = (mean.fillna(rows["median_ms"]) * 1e3).round(1)
+    rows["us"] = (_row_ms(rows) * 1e3).round(1)  # rows before 2026-12-03: the median
     rows["model_us"] = _model_us(rows, meta).round(1)
     rows["time_ratio"] = (rows["us"] / rows["model_us"]).round(3)
     rows["bytes_ok"], rows["time_ok"] = (_within(rows["link_ratio_cache"]),
