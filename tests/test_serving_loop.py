@@ -542,6 +542,19 @@ def test_the_clock_reads_nothing_while_a_forward_is_captured_as_a_cuda_graph(mon
     assert clock.captured == 1 and step_parts(clock) == []
 
 
+def test_the_report_says_why_a_run_of_cuda_graphs_has_no_step_parts():
+    import pandas as pd
+
+    from questprof.report.serving import step_section
+
+    graphs = pd.DataFrame([{"policy": "dense", "engine": "transformers:graphs",
+                            "concurrency": 8, "step_ms_mean": float("nan")}])
+    html = step_section(graphs)
+    assert "transformers:graphs" in html and "no step parts" in html
+    eager = graphs.assign(engine="transformers")
+    assert step_section(eager) == ""  # a run without parts for another reason: nothing to say
+
+
 def test_rounds_run_the_grid_back_and_forth_and_the_report_takes_medians(config_json, tmp_path,
                                                                            on_cpu):
     """--rounds 3: dense, quest / quest, dense / dense, quest in one process, each run's rows

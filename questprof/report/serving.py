@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 
 from questprof.core import model
 from questprof.report.figures import PALETTE
-from questprof.report.html import figure, table
+from questprof.report.html import esc, figure, table
 
 RUN, REQUEST = "serve", "serve-request"
 LEDE = ("A request mix served by transformers' continuous batching with questprof's decode "
@@ -136,16 +136,25 @@ def amdahl(runs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+GRAPHS_NOTE = ("Runs of transformers' CUDA graphs (serve --cuda-graph, engine '{}') have no "
+               "step parts: a replayed graph calls none of the hooks that time a forward, so "
+               "their tokens are timed and their steps are not.")
+
+
 def step_section(runs: pd.DataFrame) -> str:
-    """The table of where a decode step's time goes, per run ('' for runs without it)."""
+    """The table of where a decode step's time goes, per run ('' for runs without it), and a
+    line for runs of CUDA graphs (none: serving/step_time.py says why)."""
+    engines = runs["engine"].astype(str) if "engine" in runs else pd.Series(dtype=str)
+    graphs = sorted(set(engines[engines.str.endswith(":graphs")]))
+    note = f"<p>{esc(GRAPHS_NOTE.format(', '.join(graphs)))}</p>" if graphs else ""
     runs = runs.dropna(subset=["step_ms_mean"]) if "step_ms_mean" in runs else runs[:0]
     if runs.empty:
-        return ""
+        return note
     shown = amdahl(runs).sort_values(["policy", "concurrency"])
     for col in tuple(STEP_COLUMNS)[3:]:
         shown[col] = shown[col].map(lambda v: f"{v:.3g}" if pd.notna(v) else "")
     return f"<p>{STEP_LEDE}</p>" + table(shown, STEP_COLUMNS, "serving-steps",
-                                          numeric=tuple(STEP_COLUMNS)[2:])
+                                          numeric=tuple(STEP_COLUMNS)[2:]) + note
 
 
 def section(df: pd.DataFrame) -> str:
