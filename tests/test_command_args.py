@@ -130,8 +130,8 @@ def test_serve_help_states_the_loop_settings_serve_run_applies():
 
 
 def test_serve_refuses_a_cache_that_does_not_fit_in_one_line():
-    """Cache pages past 90% of the GPU's free memory: ConfigError naming the GiB and what to
-    lower (transformers' allocation stopped with a traceback); a CPU model is not checked."""
+    """Cache pages past 90% of the GPU's (a CPU model: the host's) free memory: ConfigError
+    naming the GiB and what to lower (transformers' allocation stopped with a traceback)."""
     import types
 
     import torch
@@ -146,4 +146,9 @@ def test_serve_refuses_a_cache_that_does_not_fit_in_one_line():
     with pytest.raises(ConfigError, match=r"65536 cache pages of 16 tokens take 128\.0 GiB.*"
                                           r"--num-blocks"):
         check_memory(gpu, 65536, 16, free_bytes=100 * 2**30)
-    check_memory(types.SimpleNamespace(device=torch.device("cpu")), 10**9, 16, free_bytes=1)
+    # on a CPU, the host's memory (a trace of a 10M-token prompt: transformers' MemoryError
+    # traceback, then our line)
+    cpu = types.SimpleNamespace(device=torch.device("cpu"), config=config, dtype=torch.float32)
+    with pytest.raises(ConfigError, match=r"of the host's 1\.0 GiB free"):
+        check_memory(cpu, 65536, 16, free_bytes=2**30)
+    check_memory(cpu, 100, 16, free_bytes=2**30)

@@ -61,6 +61,14 @@ def test_bad_settings_are_one_line():
         reuse_cmd.settings(ReuseArgs(steps=1))
     with pytest.raises(ConfigError, match="reuse takes one length"):  # before the model loads
         reuse_cmd.settings(ReuseArgs(length="2k,4k"))
+    # a page size the kernels do not take was refused after the model's 23-42 s load, or as a
+    # budget that is not whole pages; a budget over the prompt measured a reuse of 1
+    with pytest.raises(ConfigError, match="page size 3 is not supported"):
+        reuse_cmd.settings(ReuseArgs(page_size="3", budget="3"))
+    with pytest.raises(ConfigError, match="page size 3 is not supported"):
+        reuse_cmd.settings(ReuseArgs(page_size="3"))
+    with pytest.raises(ConfigError, match="covers the whole 2048-token prompt"):
+        reuse_cmd.settings(ReuseArgs(budget="4096"))
 
 
 def test_reuse_without_torch_names_what_to_install(monkeypatch, tmp_path):

@@ -309,6 +309,12 @@ def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path
     (["--mix", "uniform", "--lengths", "64", "--engine", "gpu"], "bad --engine"),
     (["--mix", "uniform", "--lengths", "64", "--engine", "transformers"], "--policy dense"),
     (["--mix", "uniform", "--lengths", "64", "--page-size", "0"], "--page-size 0: expected"),
+    # transformers' own check (blocks of at least 4) was a traceback; 3 was judged as a budget
+    (["--mix", "uniform", "--lengths", "64", "--page-size", "3", "--budget", "3"],
+     "page size 3 is not supported"),
+    (["--mix", "uniform", "--lengths", "64", "--page-size", "3"], "page size 3 is not supported"),
+    (["--mix", "uniform", "--lengths", "64", "--page-size", "4", "--budget", "8"],
+     "page size 4 is not supported"),
     (["--mix", "uniform", "--lengths", "64", "--requests", "0"], "--requests 0: expected"),
     (["--mix", "uniform", "--lengths", "64", "--output", "0"], "--output 0: expected"),
     (["--mix", "uniform", "--lengths", "64", "--num-blocks", "2", "--policy", "dense"],

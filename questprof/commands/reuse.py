@@ -20,7 +20,7 @@ from questprof.backends import get_backend
 from questprof.commands.reuse_args import ReuseArgs
 from questprof.core import reuse_trace
 from questprof.core.config import (Config, ConfigError, ModelShape, check_modes, parse_sizes,
-                                   validate_seed)
+                                   validate_page_size, validate_seed)
 from questprof.core.machine import git_fields, machine_info
 from questprof.core.model import k_pages
 from questprof.core.tier import tier_bytes
@@ -50,9 +50,13 @@ def settings(args: ReuseArgs) -> list[tuple[int, int, str, tuple[int, ...]]]:
     out = []
     for s, b, m in itertools.product(parse_sizes(args.page_size, "page sizes"),
                                      parse_sizes(args.budget, "budgets"), modes):
-        k = k_pages(b, s)
+        validate_page_size(s)  # before the model loads, and before the budget is judged by it
         if b % s:
             raise ConfigError(f"budget {b} tokens is not a whole number of {s}-token pages")
+        if b >= lengths[0]:
+            raise ConfigError(f"budget {b} tokens covers the whole {lengths[0]}-token prompt: "
+                              "every page is chosen at every step, no reuse to measure")
+        k = k_pages(b, s)
         caps = (tuple(parse_sizes(args.hbm_pages, "hbm pages")) if args.hbm_pages else
                 tuple(f * k for f in CAPACITY_FACTORS))
         if min(caps) < k:

@@ -15,7 +15,7 @@ from questprof import results
 from questprof.commands.fidelity import PACKAGES, SMOLLM2_NEEDS, install_line
 from questprof.commands.serve_args import ServeArgs
 from questprof.commands.serve_run import run_all
-from questprof.core.config import ConfigError, parse_sizes, validate_budget
+from questprof.core.config import ConfigError, parse_sizes, validate_budget, validate_page_size
 from questprof.report.frames import crossovers, paired
 from questprof.serving.mixes import named_mix, read_trace
 from questprof.serving.paged_attention import POLICIES, Policy
@@ -54,6 +54,7 @@ def check_counts(args: ServeArgs) -> None:
 def policies(args: ServeArgs) -> list[Policy]:
     """The policies asked for, each checked; hybrid with the sweep's crossover."""
     check_counts(args)
+    validate_page_size(args.page_size)  # the kernels' sizes, and transformers' blocks need >= 4
     validate_budget(args.budget, args.page_size)
     names = [p.strip() for p in args.policy.split(",") if p.strip()]
     if not names or set(names) - set(POLICIES):

@@ -20,6 +20,7 @@ from questprof.serving.models import load_serving_model, requests_for
 from questprof.serving.paged_attention import HostDecode, Policy
 from questprof.serving.stages_decode import StagesDecode
 from questprof.serving.step_time import shares
+from questprof.workload.pools import host_free_bytes
 
 SERVE, REQUEST, STEP = "serve", "serve-request", "serve-step"  # rows of a run, request, forward
 PREFILL_CHUNK = 8192  # tokens per forward when --max-batch-tokens is not given
@@ -78,27 +79,34 @@ def _settings(args: ServeArgs, concurrency: int, requests):
     return LoopSettings(size, concurrency, blocks, tokens, args.cuda_graph)
 
 
-CACHE_SHARE = 0.9  # of the GPU's free memory the cache may take: the rest for activations
+CACHE_SHARE = 0.9  # of the free memory the cache may take: the rest for activations
 
 
 def check_memory(model, pages: int, page_size: int, free_bytes: int | None = None) -> None:
-    """ConfigError in one line where `pages` cache pages do not fit in the GPU's free memory
-    beside the model (transformers would stop allocating them with a traceback); nothing on a
-    CPU. `free_bytes`: the free memory, asked of the device when None."""
-    if model.device.type != "cuda":
-        return
-    import torch
+    """ConfigError in one line where `pages` cache pages do not fit in the free memory beside the
+    model, the GPU's or (a CPU model) the host's (transformers would stop allocating them with a
+    traceback). `free_bytes`: the free memory, asked of the device or the host when None (a host
+    that does not say is not checked)."""
+    cuda = model.device.type == "cuda"
+    if free_bytes is None:
+        if cuda:
+            import torch
+            free_bytes = torch.cuda.mem_get_info(model.device)[0]
+        else:
+            free_bytes = host_free_bytes()
+            if free_bytes is None:
+                return
     cfg = model.config
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim \
         * model.dtype.itemsize  # K and V of every layer, in the model's dtype
     need = pages * page_size * per_token
-    free = torch.cuda.mem_get_info(model.device)[0] if free_bytes is None else free_bytes
-    if need > CACHE_SHARE * free:
+    if need > CACHE_SHARE * free_bytes:
+        where = "the GPU's" if cuda else "the host's"
         raise ConfigError(f"{pages} cache pages of {page_size} tokens take {need / 2**30:.1f} "
-                          f"GiB, more than {CACHE_SHARE:.0%} of the GPU's "
-                          f"{free / 2**30:.1f} GiB free beside the model: lower --concurrency "
-                          "or --lengths, or give --num-blocks")
+                          f"GiB, more than {CACHE_SHARE:.0%} of {where} "
+                          f"{free_bytes / 2**30:.1f} GiB free beside the model: lower "
+                          "--concurrency or --lengths, or give --num-blocks")
 
 
 def _shape_fields(log) -> dict:
