@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -217,11 +218,30 @@ def check_new_run(out_dir, resumable: bool = False) -> None:
     path = Path(out_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--out {path}: a file, not a results directory")
-    held = [name for name in (ROWS, PARQUET, META) if (path / name).exists()]
+    # a run that failed before its first row left meta.json alone: nothing there to lose
+    held = [name for name in (ROWS, PARQUET) if (path / name).exists()
+            and (name != ROWS or read_rows(path))]
     if held:
         how = f"--resume {path} continues it; " if resumable else ""
         raise ConfigError(f"--out {path} already holds a run's results ({', '.join(held)}): "
                           f"{how}a new run needs another --out")
+    check_creatable(path)
+
+
+def check_creatable(path: Path) -> None:
+    """ConfigError naming --out where the directory cannot be made (said before the run, not
+    as a bare OSError once it has begun); a trial folder in its nearest existing parent, removed
+    again, is the test (a permission check misses /proc and read-only mounts)."""
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {path}: {parent} is a file, not a folder")
+    try:
+        Path(tempfile.mkdtemp(prefix=".questprof-", dir=parent)).rmdir()
+    except OSError as exc:
+        raise ConfigError(f"--out {path}: cannot create it in {parent} "
+                          f"({exc.strerror or exc})") from None
 
 
 def check_out_file(path, flag: str) -> None:

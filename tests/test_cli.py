@@ -494,6 +494,33 @@ def test_out_of_a_finished_run_is_refused_without_resume(smoke_run, command):
     assert (smoke_run / "rows.jsonl").read_bytes() == before
 
 
+@pytest.mark.parametrize("command", [
+    ("sweep", "--scenario", "smoke", "--lengths", "2k", "--backend", "numpy", *FAST),
+    ("bench",), ("bytes", "--scenario", "smoke", "--lengths", "2k")])
+def test_an_out_that_cannot_be_made_is_named_before_the_run(tmp_path, command):
+    """--out under a file: a bare '[Errno 2]' line after the banner and the plan, naming no
+    flag; now one line naming --out before anything runs."""
+    (tmp_path / "file").write_text("x")
+    got = run(*command, "--out", tmp_path / "file" / "run")
+    said = assert_one_line_error(got)
+    assert "--out" in said and "is a file, not a folder" in said
+    assert "numpy" not in got.stdout.lower()  # no banner, no plan
+
+
+def test_a_directory_of_a_run_that_wrote_no_row_takes_a_new_run(tmp_path):
+    """A run that failed before its first row left meta.json alone (serve with a request the
+    loop refused); the same --out was refused as holding a run's results."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "meta.json").write_text("{}")
+    results.check_new_run(out)  # no error: nothing there to lose
+    (out / "rows.jsonl").write_text("")
+    results.check_new_run(out)
+    (out / "rows.jsonl").write_text('{"stage": "dense"}\n')
+    with pytest.raises(results.ConfigError, match="already holds a run's results"):
+        results.check_new_run(out)
+
+
 def test_reuse_refuses_negative_dense_layers_as_serve_and_fidelity_do(tmp_path):
     said = assert_one_line_error(run("reuse", "--dense-layers", "-1", "--out", tmp_path / "o"))
     assert "--dense-layers -1" in said
