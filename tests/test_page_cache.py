@@ -221,6 +221,7 @@ def test_a_replay_counts_the_timed_passes_only_and_their_mean_time(tmp_path):
     (["--kv-tier", "host", "--hbm-pages", "1.5"], "as an integer"),
     (["--hbm-pages", "32"], "an HBM page cache serves a cache in host memory"),
     (["--kv-tier", "host", "--hbm-pages", "8"], "at least one step's 16 chosen pages"),
+    (["--kv-tier", "host", "--hbm-pages", "1000000000000"], "holds at most 2048 pages"),
     (["--kv-tier", "host", "--reuse-overlap", "0.5"], "add --kv-tier host --hbm-pages C"),
     (["--kv-tier", "host", "--hbm-pages", "32", "--mode", "per-head", "--reuse-overlap", "0.5"],
      "per-head's union of G selections is not built"),

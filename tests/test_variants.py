@@ -90,6 +90,7 @@ def test_config_accepts_what_the_kernels_are_built_for():
     """core.config (which may not import the backends) names the same head dims and page sizes."""
     assert config.HEAD_DIMS == variants.HEAD_DIMS
     assert config.PAGE_SIZES == variants.PAGE_SIZES
+    assert config.MAX_HBM_PAGES == constants.load()["PC_MAX_SLOTS"]
 
 
 @pytest.mark.parametrize("d,page,needle", [(112, None, "nearest 96"), (576, None, "nearest 256"),

@@ -25,6 +25,7 @@ from questprof.core.tier import TIERS
 # up to 16 on tiles, larger ones (multi-query) in chunks of at most 16 q heads.
 PAGE_SIZES = (8, 16, 32, 64, 128)
 HEAD_DIMS = (64, 80, 96, 128, 192, 256)
+MAX_HBM_PAGES = 2048  # slots of the GPU's page cache step (PC_MAX_SLOTS), on every backend alike
 DTYPES = ("fp16", "bf16", "fp32")
 KV_DTYPES = (*DTYPES, E4M3)  # of the cache; "fp8" is read as fp8_e4m3
 DTYPE_ALIASES = {"fp8": E4M3, "float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
@@ -247,6 +248,9 @@ def check_tiers(kv_tier: str, summary_tier: str, hbm_pages: int, k_pages: int) -
     if hbm_pages < 0 or 0 < hbm_pages < k_pages:
         raise ConfigError(f"--hbm-pages {hbm_pages}: a page cache holds at least one step's "
                           f"{k_pages} chosen pages (0: no page cache, every chosen page crosses)")
+    if hbm_pages > MAX_HBM_PAGES:
+        raise ConfigError(f"--hbm-pages {hbm_pages}: the page cache holds at most "
+                          f"{MAX_HBM_PAGES} pages per (request, KV head)")
 
 
 @dataclass(frozen=True)
