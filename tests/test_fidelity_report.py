@@ -58,6 +58,17 @@ def test_recommendation_is_the_fastest_setting_above_the_floor(frame):
     assert ff.recommend(frame, 0.99)["setting"] is None
 
 
+def test_a_budget_that_covers_the_context_is_never_recommended(frame):
+    """A budget of the whole context selects every page: it reached the floor and was
+    recommended as "the fastest setting" after the line that no budget below the context does."""
+    covers = frame.copy()
+    covers.loc[covers["budget"] == 1024, "budget"] = 4096  # the fidelity length
+    assert ff.recommend(covers, 0.9)["setting"] is None
+    said = " ".join(fidelity_report.recommend.advice(covers, 0.9))
+    assert "No measured setting with a budget below the context" in said
+    assert "Recommended" not in said
+
+
 def test_without_speed_rows_the_formula_ranks(frame):
     rec = ff.recommend(frame[frame["stage"] == "fidelity"], 0.9)
     assert not rec["measured"] and rec["setting"]["budget"] == 1024

@@ -170,7 +170,8 @@ def test_questprof_report_prints_the_glance(tmp_path):
 def test_floor_extremes(floor):
     text = " ".join(rc.advice(_frame(), floor))
     if floor == 0.99:
-        assert "No measured setting reaches it on 20 passkey prompts at 4k" in text
+        assert "No measured setting with a budget below the context reaches it on 20 passkey " \
+               "prompts at 4k" in text
     else:
         assert "Decided: its whole 95% interval clears the floor 0.5" in text
 

@@ -122,13 +122,16 @@ def _formula_speed(row) -> float:
 
 
 def recommend(df: pd.DataFrame, min_recall: float) -> dict | None:
-    """The fastest setting whose p10 mass_recall >= min_recall (measured speed, else 1/rho)."""
+    """The fastest setting whose p10 mass_recall >= min_recall (measured speed, else 1/rho); a
+    budget that covers the fidelity length selects every page (dense under Quest's name) and is
+    never recommended."""
     table = frontier(df)
     if table.empty:
         return None
     measured = table["speedup"].notna().any()
     table = table.assign(rank=table["speedup"] if measured else table.apply(_formula_speed, axis=1))
-    passing = table[table["mass_recall_p10"] >= min_recall].dropna(subset=["rank"])
+    sparse = table["budget"] < table["fidelity_length"]
+    passing = table[sparse & (table["mass_recall_p10"] >= min_recall)].dropna(subset=["rank"])
     fastest = table.dropna(subset=["rank"]).sort_values("rank").tail(1)
     best = passing.sort_values("rank").tail(1)
     return {"setting": None if best.empty else best.iloc[0].to_dict(),

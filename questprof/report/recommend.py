@@ -240,8 +240,9 @@ def advice(df: pd.DataFrame, floor: float) -> list[str]:
     lines = [f"Fidelity floor: 10th-percentile mass recall over the sparse layers' heads "
              f"≥ {floor:g}."]
     if rec["setting"] is None:
-        return lines + [f"No measured setting reaches it on {b.text()}; raise the budget or "
-                        "lower --min-recall."]
+        return lines + [f"No measured setting with a budget below the context reaches it on "
+                        f"{b.text()}; raise the budget (below the context) or lower "
+                        "--min-recall."]
     best = {**rec["setting"], **_row(table, rec["setting"])}
     lines.append(f"Recommended: {setting_name(best)}: {_speed_text(best, rec['measured'])}; "
                  f"p10 mass recall {fmt_recall(best)} on {b.text()}.")
