@@ -98,7 +98,8 @@ def user_errors(fn):
 
 
 KV_DTYPE_HELP = ("KV cache dtype: fp16 or bf16 (the queries' too: a plain cache holds their "
-                 "dtype), or fp8 (e4m3, as vLLM's kv_cache_dtype=fp8_e4m3)")
+                 "dtype), fp32 (the CPU's NumPy path only: the GPU kernels refuse it), or fp8 "
+                 "(e4m3, as vLLM's kv_cache_dtype=fp8_e4m3)")
 SUMMARY_DTYPE_HELP = ("Summaries over an FP8 cache: fp8 (codes, rounded outward: rho = 1/S + "
                       "K/P) or fp16 (the dequantized min/max: rho = 2/S + K/P)")
 KV_SCALE_HELP = "FP8 scales: one per tensor or one per KV head (amax / 448): tensor or head"
