@@ -278,7 +278,8 @@ def bench(
         "Results directory (rows, rows.json, report.html)", "reports/bench-<timestamp>/"))]
         = None,
 ) -> None:
-    """Every kernel against the read bandwidth measured in the same run, and the torch peers."""
+    """Every kernel against the read bandwidth measured in the same run, and the torch peers
+    (a GPU's: on a CPU it says what is missing and exits 2)."""
     from questprof.commands import bench as bench_mod
 
     args = BenchArgs(quick=quick, peers=peers, graph=graph, repeats=repeats, cases=cases,

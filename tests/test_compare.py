@@ -130,6 +130,10 @@ def test_runs_of_different_shapes_are_not_compared(tmp_path):
     assert result.exit_code == 2 and "Traceback" not in result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: ") and "q heads 32 against 16" in line
+    # a column that a missing value made float says its whole numbers as such ("tp 1.0")
+    c = write_run(tmp_path / "c", [row(length=1, tp=1), row(length=2, tp=None)])
+    with pytest.raises(ConfigError, match="tp 1 against 2"):
+        compare(c, b)
 
 
 @pytest.mark.parametrize("cache, said", [

@@ -84,7 +84,10 @@ def _shapes(df: pd.DataFrame) -> set[tuple]:
 
 
 def _values(df: pd.DataFrame, key: str) -> str:
-    return ", ".join(sorted({str(v) for v in df[key].dropna()})) or "-"
+    """The column's values as text; a whole float (a column NaN made float: tp 1.0) as an int."""
+    def text(v) -> str:
+        return str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+    return ", ".join(sorted({text(v) for v in df[key].dropna()})) or "-"
 
 
 def check_comparable(a: pd.DataFrame, b: pd.DataFrame, dir_a, dir_b) -> None:
