@@ -143,6 +143,7 @@ def test_serve_writes_rows_and_report(config_json, tmp_path, on_cpu):
     result = run("serve", "--model", config_json, "--trace", trace, "--policy", "dense,quest",
                  "--budget", 32, "--dense-layers", 1, "--concurrency", "1,3", "--out", out)
     assert result.exit_code == 0, result.output
+    assert "No usable GPU: the model runs on the CPU" in result.output  # as sweep's banner
     df = results.load(out)[0]
     runs = df[df["stage"] == "serve"]
     assert sorted(zip(runs["policy"], runs["concurrency"])) == [

@@ -79,6 +79,8 @@ def _settings(args: ServeArgs, concurrency: int, requests):
     return LoopSettings(size, concurrency, blocks, tokens, args.cuda_graph)
 
 
+CPU_BANNER = ("No usable GPU: the model runs on the CPU (torch), so its latencies are this "
+              "host's, not a GPU serving engine's (the decode engine still runs the same steps)")
 CACHE_SHARE = 0.9  # of the free memory the cache may take: the rest for activations
 
 
@@ -197,6 +199,8 @@ def run_all(args: ServeArgs, policies, specs, concurrency, target: Path, command
     requests = requests_for(specs, int(loaded.model.config.vocab_size), args.seed)
     check_memory(loaded.model, _settings(args, max(concurrency), requests).num_blocks,
                  args.page_size)
+    if loaded.model.device.type != "cuda":
+        log(CPU_BANNER)
     meta = {"command": command, "scenario": f"serve {loaded.name}", "started": results.now(),
             "serve": {k: str(v) for k, v in asdict(args).items()},
             "device": loaded.model.device.type,  # where the model ran: cpu, cuda
