@@ -285,6 +285,10 @@ def test_serve_names_what_is_not_installed(tmp_path, monkeypatch, model, said):
     assert result.exit_code == 2, result.output
     assert said in result.stderr and "pip install" in result.stderr
     assert "Traceback" not in result.output
+    # the input's own errors come first: each was hidden behind the install line
+    bad = run("serve", "--model", tmp_path / "config.json", "--mix", "uniform", "--lengths",
+              "64", "--policy", "sparse", "--out", tmp_path / "o")
+    assert bad.exit_code == 2 and "bad --policy 'sparse'" in bad.stderr
 
 
 def test_inplace_engine_needs_a_loop_that_brings_its_cache(config_json, tmp_path):

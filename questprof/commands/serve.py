@@ -99,10 +99,10 @@ def check_installed(model: str) -> None:
 
 def serve_command(args: ServeArgs, out_dir, argv, log=print) -> Path:
     """The whole `questprof serve`: returns the results directory."""
-    check_installed(args.model)
-    chosen, specs = policies(args), mix_specs(args)
+    chosen, specs = policies(args), mix_specs(args)  # the input's own errors first
     concurrency = parse_sizes(args.concurrency, "concurrency")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     target = Path(out_dir or Path("reports") / f"serve-{stamp}")
     results.check_new_run(target)  # a second run there would be drawn as one
+    check_installed(args.model)
     return run_all(args, chosen, specs, concurrency, target, " ".join(["questprof", *argv]), log)
