@@ -58,19 +58,12 @@ def pools(layers: int, length: int, batch: int, budget: int, capacity: int, over
 
 def launches(cache, q, parts: str):
     """Launch `parts` of one step: s (step), f (fill), a (attention over the slots)."""
-    from questprof.backends import constants
     from questprof.backends import cupy as ops
-    from questprof.backends.cupy import load_kernel
-    from questprof.backends.pdl import PlainLaunch
 
-    c, launch = constants.load(), PlainLaunch()
-    batch, heads = cache.kv.batch, cache.kv.kv_heads
     if "s" in parts:
-        launch(load_kernel("page_cache", "page_cache_step"), (batch, heads), (c["PC_THREADS"],),
-               (cache.params,), shared_mem=cache.shared)
+        cache.launch_step()
     if "f" in parts:
-        launch(load_kernel("page_cache", "page_cache_fill"), (batch * cache.k_pages, heads),
-               (c["PC_FILL_THREADS"],), (cache.params,))
+        cache.launch_fill()
     if "a" in parts:
         return ops.attention(q, cache.view, cache.tables["slot_sel"], cache.count)
     return None

@@ -64,14 +64,22 @@ class CupyPageCache:
         sort = 1 << (int(capacity) - 1).bit_length()  # C rounded up to a power of two
         self.shared = 8 * sort + 12 * k  # page_cache.cu: keys [sort], three [K] int arrays
 
+    def launch_step(self) -> None:
+        """page_cache_step: hits, misses and their slots (tools/page_cache_probe.py times it)."""
+        PlainLaunch()(load_kernel("page_cache", "page_cache_step"), (self.kv.batch,
+                      self.kv.kv_heads), (constants.load()["PC_THREADS"],), (self.params,),
+                      shared_mem=self.shared)
+
+    def launch_fill(self) -> None:
+        """page_cache_fill: the step's misses from host memory into their slots."""
+        PlainLaunch()(load_kernel("page_cache", "page_cache_fill"),
+                      (self.kv.batch * self.k_pages, self.kv.kv_heads),
+                      (constants.load()["PC_FILL_THREADS"],), (self.params,))
+
     def step(self):
         """One decode step (two launches): (the slots' view, slot_sel [Hkv, B, K], count [B])."""
-        c = constants.load()
-        launch, batch, heads = PlainLaunch(), self.kv.batch, self.kv.kv_heads
-        launch(load_kernel("page_cache", "page_cache_step"), (batch, heads), (c["PC_THREADS"],),
-               (self.params,), shared_mem=self.shared)
-        launch(load_kernel("page_cache", "page_cache_fill"), (batch * self.k_pages, heads),
-               (c["PC_FILL_THREADS"],), (self.params,))
+        self.launch_step()
+        self.launch_fill()
         return self.view, self.tables["slot_sel"], self.count
 
     def reset_counts(self) -> None:
